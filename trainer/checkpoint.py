@@ -1,0 +1,95 @@
+"""Per-epoch checkpoints, written atomically, with everything needed to continue bit-for-bit."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer.errors import ConfigError
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+@dataclass
+class TrainingState:
+    """The objects a checkpoint saves and restores."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+
+
+def checkpoint_path(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory) / CHECKPOINT_NAME
+
+
+def save(
+    directory: str | os.PathLike[str],
+    state: TrainingState,
+    epoch: int,
+    step: int,
+    fingerprint: dict[str, Any],
+    history: list[dict[str, Any]],
+) -> Path:
+    """Write to a temporary file, then rename: a crash mid-write leaves the previous checkpoint."""
+    path = checkpoint_path(directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "epoch": epoch,
+        "step": step,
+        "fingerprint": fingerprint,
+        "history": history,
+        "model": state.model.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "scheduler": state.scheduler.state_dict(),
+        "scaler": state.scaler.state_dict(),
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+        },
+    }
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load(path: Path, map_location: torch.device) -> dict[str, Any]:
+    # weights_only=False: the payload holds numpy and Python RNG states; the file is our own.
+    payload: dict[str, Any] = torch.load(path, map_location=map_location, weights_only=False)
+    return payload
+
+
+def check_fingerprint(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """Refuse to continue a run whose training-defining settings changed since the checkpoint."""
+    for key in sorted(set(saved) | set(current)):
+        if saved.get(key) != current.get(key):
+            raise ConfigError(
+                f"{key} is {current.get(key)!r} but the checkpoint {path} was written with "
+                f"{saved.get(key)!r}; use another checkpoint_dir or restore the setting"
+            )
+
+
+def restore(payload: dict[str, Any], state: TrainingState) -> None:
+    state.model.load_state_dict(payload["model"])
+    state.optimizer.load_state_dict(payload["optimizer"])
+    state.scheduler.load_state_dict(payload["scheduler"])
+    state.scaler.load_state_dict(payload["scaler"])
+    rng = payload["rng"]
+    torch.set_rng_state(rng["torch"].cpu())
+    if rng["cuda"] and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])

@@ -1,0 +1,111 @@
+"""``python -m trainer``: dlojz-style flags, an optional ``--config FILE.yaml``, DDP under srun.
+
+Every config field has a flag (``weight_decay`` -> ``--weight-decay``), generated from the
+dataclass so that the two cannot drift apart; dlojz's short names (``--wd``, ``--mom``,
+``--image_size``, ``-b``, ``-e``) are aliases. Flags override the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from trainer.config import TrainConfig, field_types, load_yaml_mapping, unwrap_optional
+from trainer.errors import ConfigError, TrialOutOfMemory
+from trainer.sources import check_data_available
+
+EXIT_BAD_INPUT = 2
+EXIT_OUT_OF_MEMORY = 3
+
+ALIASES = {
+    "batch_size": ["-b"],
+    "epochs": ["-e"],
+    "weight_decay": ["--wd"],
+    "momentum": ["--mom"],
+    "image_size": ["--image_size"],
+}
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """Bad flags end with one line and exit status 2, not argparse's usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _optional(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        return None if text.lower() in ("none", "null") else convert(text)
+
+    parse.__name__ = convert.__name__  # argparse names the type in its error message
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineErrorParser(
+        prog="python -m trainer",
+        description="Train a ResNet (AMP, channels_last, DDP under srun or torchrun) and print the result.",
+    )
+    parser.add_argument("--config", type=Path, help="YAML file of config keys; flags override it.")
+    parser.add_argument("--result-json", type=Path, help="Also write the result to this JSON file.")
+    types = field_types()
+    for field in dataclasses.fields(TrainConfig):
+        flags = ["--" + field.name.replace("_", "-"), *ALIASES.get(field.name, [])]
+        base, optional = unwrap_optional(types[field.name])
+        help_text = f"{field.metadata['help']} (default: {field.default})"
+        if base is bool:
+            parser.add_argument(
+                *flags,
+                dest=field.name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+            continue
+        convert: Callable[[str], Any] = _optional(base) if optional else base
+        parser.add_argument(*flags, dest=field.name, type=convert, default=argparse.SUPPRESS, help=help_text)
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None = None) -> tuple[TrainConfig, argparse.Namespace]:
+    args = build_parser().parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if k not in ("config", "result_json")}
+    if args.config is not None:
+        values = load_yaml_mapping(args.config)
+        values.update(overrides)
+        return TrainConfig.from_mapping(values, source=str(args.config)), args
+    return TrainConfig.from_mapping(overrides), args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[trainer] %(message)s", stream=sys.stdout, force=True)
+    try:
+        config, args = parse_config(argv)
+        check_data_available(config)
+        # Imported here: torch takes seconds to import, and bad input should be reported at once.
+        from trainer import distributed
+        from trainer.loop import train
+
+        result = train(config)
+    except ConfigError as err:
+        print(f"python -m trainer: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except TrialOutOfMemory as err:
+        print(f"python -m trainer: error: {err}", file=sys.stderr)
+        return EXIT_OUT_OF_MEMORY
+    if not distributed.detect().is_main:
+        return 0
+    summary = result.to_dict()
+    summary.pop("history")
+    print("result: " + json.dumps(summary), flush=True)
+    if args.result_json is not None:
+        args.result_json.parent.mkdir(parents=True, exist_ok=True)
+        args.result_json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    return 0

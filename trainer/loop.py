@@ -1,0 +1,351 @@
+"""The training run: build, train epoch by epoch (report, checkpoint), return a result.
+
+SGD with momentum and weight decay, label-smoothed cross-entropy, OneCycleLR stepped every
+iteration, automatic mixed precision, channels_last, DistributedDataParallel across ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer import checkpoint, distributed
+from trainer.config import TrainConfig
+from trainer.data import build_datasets, build_loaders
+from trainer.errors import ConfigError, StopRequested, TrialOutOfMemory
+from trainer.models import build_model
+from trainer.reporting import Decision, EpochMetrics, Reporter, TimeBreakdown, TrainResult
+from trainer.timing import PhaseTimer
+
+log = logging.getLogger("trainer")
+
+# Values broadcast from rank 0 after the reporter ran.
+_CONTINUE, _STOP, _REPORTER_FAILED = 0, 1, 2
+
+
+def train(config: TrainConfig, reporter: Reporter | None = None) -> TrainResult:
+    """Run one training; ``reporter`` (used on rank 0 only) sees each epoch and may stop the run."""
+    env = distributed.detect()
+    device = resolve_device(config, env)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    distributed.init_process_group(env, backend, config.dist_timeout_s, config.checkpoint_dir)
+    try:
+        return _Run(config, env, device, reporter).run()
+    finally:
+        distributed.destroy_process_group()
+
+
+def resolve_device(config: TrainConfig, env: distributed.DistEnv) -> torch.device:
+    if config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("device is 'cuda' but no CUDA device is visible")
+    index = env.local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype, or None for full precision."""
+    if amp == "off" or (amp == "auto" and device.type == "cpu"):
+        return None
+    if amp == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if amp == "bf16" else torch.float16
+
+
+class _Run:
+    def __init__(
+        self, config: TrainConfig, env: distributed.DistEnv, device: torch.device, reporter: Reporter | None
+    ) -> None:
+        self.config = config
+        self.env = env
+        self.device = device
+        self.reporter = reporter
+        self.amp_dtype = resolve_amp(config.amp, device)
+        self.memory_format = torch.channels_last if config.channels_last else torch.preserve_format
+        self.timer = PhaseTimer(device)
+        self.wall_start = time.perf_counter()
+
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = config.cudnn_benchmark
+            torch.cuda.reset_peak_memory_stats(device)
+        torch.manual_seed(config.seed)
+
+        bundle = build_datasets(config)
+        self.normalize = bundle.normalize.to(device)
+        self.train_loader, self.sampler, self.val_loader = build_loaders(
+            config, bundle, env.rank, env.world_size, device.type == "cuda"
+        )
+        self.steps_per_epoch = len(self.train_loader)
+        if config.max_steps_per_epoch is not None:
+            self.steps_per_epoch = min(self.steps_per_epoch, config.max_steps_per_epoch)
+        if self.steps_per_epoch == 0:
+            raise ConfigError(
+                f"batch_size {config.batch_size} x {env.world_size} ranks exceeds the "
+                f"{len(self.sampler.indices)} training samples selected (with drop_last)"
+            )
+
+        self.raw_model = build_model(config.model, bundle.num_classes, bundle.in_channels, config.width)
+        self.raw_model.to(device)
+        self.raw_model.to(memory_format=self.memory_format)
+        model: nn.Module = self.raw_model
+        if env.is_distributed:
+            model = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None
+            )
+        if config.compile:
+            model = torch.compile(model)  # type: ignore[assignment]
+        self.model = model
+
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
+        # Validation loss is the plain cross-entropy, comparable across label_smoothing values.
+        self.val_criterion = nn.CrossEntropyLoss(reduction="sum")
+        self.optimizer = torch.optim.SGD(
+            self.raw_model.parameters(),
+            lr=config.lr,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            nesterov=config.nesterov,
+        )
+        self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            self.optimizer,
+            max_lr=config.lr,
+            total_steps=config.epochs * self.steps_per_epoch,
+            pct_start=config.pct_start,
+            div_factor=config.div_factor,
+            final_div_factor=config.final_div_factor,
+            anneal_strategy=config.anneal_strategy,  # type: ignore[arg-type]
+            three_phase=config.three_phase,
+        )
+        # bf16 has fp32's exponent range: only fp16 needs loss scaling.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
+        self.state = checkpoint.TrainingState(self.raw_model, self.optimizer, self.scheduler, self.scaler)
+
+    # --- the run ---------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        config, env = self.config, self.env
+        history: list[EpochMetrics] = []
+        start_epoch = 0
+        if config.checkpoint_dir:
+            start_epoch, history = self._resume()
+        if env.is_main:
+            log.info(
+                "training %s on %s: %d epochs x %d steps, batch %d x %d ranks, amp=%s, channels_last=%s%s",
+                config.model,
+                config.dataset,
+                config.epochs,
+                self.steps_per_epoch,
+                config.batch_size,
+                env.world_size,
+                self.amp_dtype or "off",
+                config.channels_last,
+                f", resumed after epoch {start_epoch}" if start_epoch else "",
+            )
+        stopped = False
+        throughputs: list[float] = []
+        for epoch in range(start_epoch, config.epochs):
+            metrics = self._epoch(epoch)
+            history.append(metrics)
+            throughputs.append(metrics.images_per_s)
+            decision = self._report(metrics)
+            if config.checkpoint_dir and env.is_main:
+                began = time.perf_counter()
+                checkpoint.save(
+                    config.checkpoint_dir,
+                    self.state,
+                    epoch + 1,
+                    metrics.step,
+                    config.training_fingerprint(),
+                    [m.to_dict() for m in history],
+                )
+                self.timer.totals["checkpoint"] += time.perf_counter() - began
+            if decision == _STOP:
+                stopped = epoch + 1 < config.epochs
+                if env.is_main:
+                    log.info("stopped by the reporter after epoch %d", epoch + 1)
+                break
+        return self._result(history, start_epoch, stopped, throughputs)
+
+    def _resume(self) -> tuple[int, list[EpochMetrics]]:
+        assert self.config.checkpoint_dir is not None
+        path = checkpoint.checkpoint_path(self.config.checkpoint_dir)
+        if not path.exists():
+            return 0, []
+        payload = checkpoint.load(path, self.device)
+        checkpoint.check_fingerprint(path, payload["fingerprint"], self.config.training_fingerprint())
+        checkpoint.restore(payload, self.state)
+        return int(payload["epoch"]), [EpochMetrics(**m) for m in payload["history"]]
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        if self.amp_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def _to_device(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        non_blocking = self.config.non_blocking
+        images = images.to(self.device, non_blocking=non_blocking, memory_format=self.memory_format)
+        return self.normalize(images), labels.to(self.device, non_blocking=non_blocking)
+
+    def _epoch(self, epoch: int) -> EpochMetrics:
+        config, env = self.config, self.env
+        self.model.train()
+        self.sampler.set_epoch(epoch)
+        # Sums stay on the device: reading them every step would synchronize the GPU every step.
+        sums = torch.zeros(6, dtype=torch.float64, device=self.device)
+        began = time.perf_counter()
+        self.timer.start()
+        batches = iter(self.train_loader)
+        for step in range(self.steps_per_epoch):
+            images, labels = next(batches)
+            images, labels = self._to_device(images, labels)
+            self.timer.mark("data")
+            with self._oom_as_trial_error():
+                with self._autocast():
+                    logits = self.model(images)
+                    loss = self.criterion(logits, labels)
+                self.timer.mark("forward")
+                self.optimizer.zero_grad(set_to_none=True)
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.scheduler.step()
+                self.timer.mark("backward")
+            sums[0] += loss.detach() * labels.size(0)
+            sums[1] += (logits.argmax(1) == labels).sum()
+            sums[2] += labels.size(0)
+            if env.is_main and config.log_every and (step + 1) % config.log_every == 0:
+                elapsed = time.perf_counter() - began
+                log.info(
+                    "epoch %d step %d/%d loss %.4f lr %.4g %.0f img/s",
+                    epoch + 1,
+                    step + 1,
+                    self.steps_per_epoch,
+                    loss.item(),
+                    self.scheduler.get_last_lr()[0],
+                    (step + 1) * config.batch_size * env.world_size / elapsed,
+                )
+        del batches  # non-persistent workers shut down here, not during validation
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        train_time = time.perf_counter() - began
+        self.timer.collect()
+
+        began_val = time.perf_counter()
+        self._validate(sums)
+        self.timer.totals["validation"] += time.perf_counter() - began_val
+
+        distributed.all_reduce_sum(sums)
+        train_loss, train_correct, train_seen, val_loss, val_correct, val_seen = sums.tolist()
+        metrics = EpochMetrics(
+            epoch=epoch + 1,
+            step=(epoch + 1) * self.steps_per_epoch,
+            train_loss=train_loss / train_seen,
+            train_accuracy=train_correct / train_seen,
+            val_loss=val_loss / val_seen,
+            val_accuracy=val_correct / val_seen,
+            lr=float(self.scheduler.get_last_lr()[0]),
+            images_per_s=train_seen / train_time,
+            epoch_time_s=time.perf_counter() - began,
+        )
+        if env.is_main:
+            log.info(
+                "epoch %d/%d train_loss %.4f train_acc %.4f val_loss %.4f val_acc %.4f %.0f img/s %.1fs",
+                metrics.epoch,
+                config.epochs,
+                metrics.train_loss,
+                metrics.train_accuracy,
+                metrics.val_loss,
+                metrics.val_accuracy,
+                metrics.images_per_s,
+                metrics.epoch_time_s,
+            )
+        return metrics
+
+    @torch.no_grad()
+    def _validate(self, sums: torch.Tensor) -> None:
+        self.model.eval()
+        for images, labels in self.val_loader:
+            images, labels = self._to_device(images, labels)
+            with self._oom_as_trial_error(), self._autocast():
+                logits = self.model(images)
+                sums[3] += self.val_criterion(logits.float(), labels)
+            sums[4] += (logits.argmax(1) == labels).sum()
+            sums[5] += labels.size(0)
+
+    def _report(self, metrics: EpochMetrics) -> int:
+        """Ask the reporter on rank 0; every rank gets its answer (no rank may be left waiting)."""
+        decision = _CONTINUE
+        failure: BaseException | None = None
+        if self.env.is_main and self.reporter is not None:
+            try:
+                decision = _STOP if self.reporter.report(metrics) == Decision.STOP else _CONTINUE
+            except BaseException as err:
+                decision, failure = _REPORTER_FAILED, err
+        decision = distributed.broadcast_from_main(decision, self.device)
+        if failure is not None:
+            raise failure
+        if decision == _REPORTER_FAILED:
+            raise StopRequested("the reporter on rank 0 failed; stopping this rank too")
+        return decision
+
+    def _oom_as_trial_error(self) -> _OomTranslator:
+        return _OomTranslator(self.config.batch_size, str(self.device))
+
+    def _result(
+        self, history: list[EpochMetrics], start_epoch: int, stopped: bool, throughputs: list[float]
+    ) -> TrainResult:
+        phases = self.timer.collect()
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        last = history[-1] if history else None
+        return TrainResult(
+            epochs_completed=last.epoch if last else 0,
+            steps=last.step if last else 0,
+            stopped_early=stopped,
+            resumed_from_epoch=start_epoch,
+            best_val_accuracy=max((m.val_accuracy for m in history), default=0.0),
+            best_val_loss=min((m.val_loss for m in history), default=float("inf")),
+            last_val_accuracy=last.val_accuracy if last else 0.0,
+            last_val_loss=last.val_loss if last else float("inf"),
+            train_images_per_s=sum(throughputs) / len(throughputs) if throughputs else 0.0,
+            peak_memory_bytes=int(peak),
+            world_size=self.env.world_size,
+            device=str(self.device),
+            time=TimeBreakdown(
+                data=phases.get("data", 0.0),
+                forward=phases.get("forward", 0.0),
+                backward=phases.get("backward", 0.0),
+                validation=phases.get("validation", 0.0),
+                checkpoint=phases.get("checkpoint", 0.0),
+                total=time.perf_counter() - self.wall_start,
+            ),
+            history=history,
+        )
+
+
+class _OomTranslator:
+    """Turns a device out-of-memory error into :class:`TrialOutOfMemory` (an infeasible config)."""
+
+    def __init__(self, batch_size: int, device: str) -> None:
+        self.batch_size = batch_size
+        self.device = device
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> Literal[False]:
+        if exc is not None and isinstance(exc, torch.OutOfMemoryError):
+            raise TrialOutOfMemory(self.batch_size, self.device, str(exc)) from exc
+        return False

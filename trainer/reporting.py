@@ -1,0 +1,88 @@
+"""How a run talks to whoever drives it: per-epoch metrics in, a continue/stop decision out.
+
+The trainer knows nothing of Optuna or Ray; the HPO layer adapts its trial objects to
+:class:`Reporter`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+
+class Decision(enum.IntEnum):
+    CONTINUE = 0
+    STOP = 1
+
+
+@dataclass
+class EpochMetrics:
+    """One epoch's metrics, already reduced across all ranks."""
+
+    epoch: int
+    """1-based: the number of epochs completed."""
+    step: int
+    """Optimizer steps completed so far."""
+    train_loss: float
+    train_accuracy: float
+    val_loss: float
+    val_accuracy: float
+    lr: float
+    """The learning rate at the end of the epoch."""
+    images_per_s: float
+    """Training throughput of the epoch, all ranks together."""
+    epoch_time_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Reporter(Protocol):
+    """Called on rank 0 after each epoch; STOP ends the run on every rank."""
+
+    def report(self, metrics: EpochMetrics) -> Decision | None: ...
+
+
+@dataclass
+class TimeBreakdown:
+    """Seconds spent in each phase, summed over the run (rank 0), like the course's Chronometer."""
+
+    data: float = 0.0
+    """Waiting for the next batch and copying it to the device."""
+    forward: float = 0.0
+    backward: float = 0.0
+    """Backward pass and optimizer step."""
+    validation: float = 0.0
+    checkpoint: float = 0.0
+    total: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass
+class TrainResult:
+    """What a run returns to its caller (on every rank)."""
+
+    epochs_completed: int
+    steps: int
+    stopped_early: bool
+    """True when the reporter asked to stop before the last epoch."""
+    resumed_from_epoch: int
+    """Epochs loaded from a checkpoint at start (0 for a fresh run)."""
+    best_val_accuracy: float
+    best_val_loss: float
+    last_val_accuracy: float
+    last_val_loss: float
+    train_images_per_s: float
+    """Mean training throughput over the epochs this process ran, all ranks together."""
+    peak_memory_bytes: int
+    """Peak allocated device memory on CUDA; peak resident set size of the process on CPU."""
+    world_size: int
+    device: str
+    time: TimeBreakdown = field(default_factory=TimeBreakdown)
+    history: list[EpochMetrics] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
