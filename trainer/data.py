@@ -231,6 +231,8 @@ class SeededTransform(Dataset[tuple[torch.Tensor, int]]):
         if isinstance(key, tuple):
             epoch, index = key
             image, label = self.base[index]
+            if self.transform is None:
+                return image, label
             # hash() of a tuple of ints is the same in every process (no PYTHONHASHSEED salt).
             rng = random.Random(hash((self.seed, epoch, index)))
             return self.transform(image, rng), label  # type: ignore[call-arg, misc]

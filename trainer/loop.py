@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import resource
 import time
+import warnings
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
@@ -93,6 +94,16 @@ class _Run:
                 f"{len(self.sampler.indices)} training samples selected (with drop_last)"
             )
 
+        total_steps = config.epochs * self.steps_per_epoch
+        warmup_steps = config.pct_start * total_steps
+        last_phase = total_steps + 1 - 2 * warmup_steps if config.three_phase else total_steps - warmup_steps
+        if warmup_steps <= 1 or last_phase <= 0:
+            # OneCycleLR divides by the length of each phase and fails on an empty one.
+            raise ConfigError(
+                f"OneCycle over {total_steps} steps with pct_start={config.pct_start} leaves an empty "
+                "phase; train for more steps or move pct_start away from 0 and 1"
+            )
+
         self.raw_model = build_model(config.model, bundle.num_classes, bundle.in_channels, config.width)
         self.raw_model.to(device)
         self.raw_model.to(memory_format=self.memory_format)
@@ -118,7 +129,7 @@ class _Run:
         self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
             self.optimizer,
             max_lr=config.lr,
-            total_steps=config.epochs * self.steps_per_epoch,
+            total_steps=total_steps,
             pct_start=config.pct_start,
             div_factor=config.div_factor,
             final_div_factor=config.final_div_factor,
@@ -127,6 +138,10 @@ class _Run:
         )
         # bf16 has fp32's exponent range: only fp16 needs loss scaling.
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
+        if self.scaler.is_enabled():
+            # The scaler skips the optimizer step when it finds inf gradients (its first steps, while it
+            # calibrates); the schedule still advances, which is what we want, so the warning is noise.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
         self.state = checkpoint.TrainingState(self.raw_model, self.optimizer, self.scheduler, self.scaler)
 
     # --- the run ---------------------------------------------------------------------------------
