@@ -235,7 +235,7 @@ class SeededTransform(Dataset[tuple[torch.Tensor, int]]):
                 return image, label
             # hash() of a tuple of ints is the same in every process (no PYTHONHASHSEED salt).
             rng = random.Random(hash((self.seed, epoch, index)))
-            return self.transform(image, rng), label  # type: ignore[call-arg, misc]
+            return self.transform(image, rng), label  # type: ignore[call-arg]
         image, label = self.base[key]
         return (image if self.transform is None else self.transform(image)), label  # type: ignore[call-arg]
 
