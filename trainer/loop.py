@@ -268,6 +268,7 @@ class _Run:
             val_accuracy=val_correct / val_seen,
             lr=float(self.scheduler.get_last_lr()[0]),
             images_per_s=train_seen / train_time,
+            train_time_s=train_time,
             epoch_time_s=time.perf_counter() - began,
         )
         if env.is_main:

@@ -32,7 +32,10 @@ class EpochMetrics:
     """The learning rate at the end of the epoch."""
     images_per_s: float
     """Training throughput of the epoch, all ranks together."""
+    train_time_s: float
+    """Seconds of the training phase of the epoch (the span ``images_per_s`` is measured over)."""
     epoch_time_s: float
+    """Seconds of the whole epoch: training and validation."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

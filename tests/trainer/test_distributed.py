@@ -131,7 +131,10 @@ def _run_ranks(
 
 def _metrics(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The reduced metrics of each epoch, without the timings that each rank measures for itself."""
-    return [{k: v for k, v in m.items() if k not in ("images_per_s", "epoch_time_s")} for m in history]
+    return [
+        {k: v for k, v in m.items() if k not in ("images_per_s", "train_time_s", "epoch_time_s")}
+        for m in history
+    ]
 
 
 def _ddp_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
