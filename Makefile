@@ -29,8 +29,8 @@ test: lint
 
 # The main job on the embedded default: one epoch of a CIFAR-style ResNet on the real Fashion-MNIST, on CPU.
 quickstart: setup
-	$(PY) -m trainer --dataset fashion-mnist --model resnet20 --epochs 1 --batch-size 128 --lr 0.1 \
-		--num-workers 1 --checkpoint-dir runs/quickstart --result-json runs/quickstart/result.json
+	$(PY) -m trainer --config studies/trainer-fashion-mnist.yaml \
+		--checkpoint-dir runs/quickstart --result-json runs/quickstart/result.json
 
 bench: setup
 	$(PY) bench/throughput.py
