@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -209,13 +210,32 @@ class TrainConfig:
         return cls.from_mapping(values, source=str(path))
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML follows YAML 1.1, where ``1e-4`` (no dot, or no exponent sign) is a string, not a float;
+    learning rates are written exactly like that, so floats are resolved as in YAML 1.2."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.VERBOSE,
+    ),
+    list("-+0123456789."),
+)
+
+
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     try:
         text = Path(path).read_text()
     except OSError as err:
         raise ConfigError(f"{path}: cannot read config file: {err.strerror or err}") from None
     try:
-        values = yaml.safe_load(text)
+        values = yaml.load(text, Loader=_YamlLoader)  # safe: a SafeLoader subclass
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         line = f" (line {where.line + 1})" if where is not None else ""

@@ -74,6 +74,18 @@ def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
         TrainConfig.from_yaml(tmp_path / "missing.yaml")
 
 
+def test_yaml_floats_without_dot_or_exponent_sign_are_floats(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("lr: 1e-3\nweight_decay: 5.0e-4\nfinal_div_factor: 1.0e4\ndiv_factor: 25\n")
+    config = TrainConfig.from_yaml(path)
+    assert (config.lr, config.weight_decay, config.final_div_factor, config.div_factor) == (
+        1e-3,
+        5e-4,
+        1e4,
+        25.0,
+    )
+
+
 def test_yaml_overrides_win(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text("model: resnet56\nlr: 0.4\n")
