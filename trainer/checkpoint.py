@@ -1,4 +1,9 @@
-"""Per-epoch checkpoints, written atomically, with everything needed to continue bit-for-bit."""
+"""Per-epoch checkpoints, written atomically, with everything needed to continue the run exactly.
+
+Exactly means bit-for-bit on CPU; on GPUs, as far as the kernels are deterministic (cudnn_benchmark
+picks algorithms by timing, and some CUDA kernels use atomics), the continuation matches an
+uninterrupted run up to floating-point reordering.
+"""
 
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ def save(
     step: int,
     fingerprint: dict[str, Any],
     history: list[dict[str, Any]],
+    stopped: bool = False,
 ) -> Path:
     """Write to a temporary file, then rename: a crash mid-write leaves the previous checkpoint."""
     path = checkpoint_path(directory)
@@ -46,6 +52,7 @@ def save(
         "step": step,
         "fingerprint": fingerprint,
         "history": history,
+        "stopped": stopped,
         "model": state.model.state_dict(),
         "optimizer": state.optimizer.state_dict(),
         "scheduler": state.scheduler.state_dict(),

@@ -84,11 +84,23 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[TrainConfig, argpar
     return TrainConfig.from_mapping(overrides), args
 
 
+def _check_writable(path: Path) -> None:
+    """Found out before training, not after it, that the result could not be written."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a"):
+            pass
+    except OSError as err:
+        raise ConfigError(f"--result-json {str(path)!r}: {err.strerror or err}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[trainer] %(message)s", stream=sys.stdout, force=True)
     try:
         config, args = parse_config(argv)
         check_data_available(config)
+        if args.result_json is not None:
+            _check_writable(args.result_json)
         # Imported here: torch takes seconds to import, and bad input should be reported at once.
         from trainer import distributed
         from trainer.loop import train
@@ -106,6 +118,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary.pop("history")
     print("result: " + json.dumps(summary), flush=True)
     if args.result_json is not None:
-        args.result_json.parent.mkdir(parents=True, exist_ok=True)
         args.result_json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     return 0

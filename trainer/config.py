@@ -193,6 +193,9 @@ class TrainConfig:
     def from_mapping(cls, values: Mapping[str, Any], source: str | None = None) -> TrainConfig:
         """Build a config from a mapping, rejecting unknown keys with the list of valid ones."""
         try:
+            not_names = [k for k in values if not isinstance(k, str)]
+            if not_names:
+                raise ConfigError(f"keys must be names, got {not_names[0]!r}")
             unknown = sorted(set(values) - set(field_names()))
             if unknown:
                 raise ConfigError(f"unknown key {unknown[0]!r}; valid keys: {', '.join(field_names())}")

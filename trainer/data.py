@@ -310,13 +310,7 @@ def build_datasets(config: TrainConfig) -> DataBundle:
         train_tf, val_tf = PadCropFlip(size, size // 8), None
         mean, std, num_classes, channels = FASHION_MNIST_MEAN, FASHION_MNIST_STD, 10, 1
     elif config.dataset in ("imagefolder", "imagenet"):
-        root = config.resolved_data_root or "."
-        if config.dataset == "imagefolder":
-            train_folder = tv_datasets.ImageFolder(str(Path(root) / "train"))
-            val_folder = tv_datasets.ImageFolder(str(Path(root) / "val"))
-        else:
-            train_folder = tv_datasets.ImageNet(root, split="train")
-            val_folder = tv_datasets.ImageNet(root, split="val")
+        train_folder, val_folder = _open_folders(config)
         train_base, val_base = train_folder, val_folder
         if size <= SMALL_IMAGE_MAX:
             train_tf, val_tf = small_folder_transforms(size)
@@ -338,6 +332,26 @@ def build_datasets(config: TrainConfig) -> DataBundle:
         in_channels=channels,
         normalize=Normalize(mean, std),
     )
+
+
+def _open_folders(config: TrainConfig) -> tuple[tv_datasets.ImageFolder, tv_datasets.ImageFolder]:
+    """The train and val class folders; unusable ones are a one-line ConfigError, not a traceback."""
+    root = config.resolved_data_root or "."
+    try:
+        if config.dataset == "imagefolder":
+            train = tv_datasets.ImageFolder(str(Path(root) / "train"))
+            val = tv_datasets.ImageFolder(str(Path(root) / "val"))
+        else:
+            train = tv_datasets.ImageNet(root, split="train")
+            val = tv_datasets.ImageNet(root, split="val")
+    except (FileNotFoundError, RuntimeError) as err:
+        raise ConfigError(f"data_root {root!r}: {str(err).splitlines()[0]}") from None
+    if train.classes != val.classes:
+        # ImageFolder numbers classes by sorted folder name: a class missing on one side would
+        # shift every label after it and make the validation accuracy meaningless.
+        differ = sorted(set(train.classes) ^ set(val.classes))
+        raise ConfigError(f"data_root {root!r}: train/ and val/ hold different classes (e.g. {differ[0]!r})")
+    return train, val
 
 
 def build_loaders(

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trainer.errors import ConfigError
+
 RENDEZVOUS_DIR_ENV = "HPO_RENDEZVOUS_DIR"
 
 
@@ -38,6 +40,7 @@ class DistEnv:
     rendezvous_key: str = "single"
     """Unique to this job step and restart: names the file that publishes rank 0's port."""
     launcher: str = "single"
+    num_nodes: int = 1
 
     @property
     def is_distributed(self) -> bool:
@@ -98,6 +101,7 @@ def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
             master_port=int(env["MASTER_PORT"]) if "MASTER_PORT" in env else None,
             rendezvous_key=key,
             launcher="slurm",
+            num_nodes=int(env.get("SLURM_STEP_NUM_NODES", "1")),
         )
     return DistEnv()
 
@@ -116,6 +120,12 @@ def init_process_group(env: DistEnv, backend: str, timeout_s: int, checkpoint_di
     if not env.is_distributed:
         return
     timeout = timedelta(seconds=timeout_s)
+    if env.launcher == "torchrun":
+        # torchrun's agent already serves a store on MASTER_PORT; env:// joins it.
+        dist.init_process_group(
+            backend, init_method="env://", rank=env.rank, world_size=env.world_size, timeout=timeout
+        )
+        return
     if env.master_port is not None:
         store = dist.TCPStore(
             env.master_addr,
@@ -126,6 +136,11 @@ def init_process_group(env: DistEnv, backend: str, timeout_s: int, checkpoint_di
             wait_for_workers=False,
         )
     else:
+        if env.num_nodes > 1 and not (checkpoint_dir or os.environ.get(RENDEZVOUS_DIR_ENV)):
+            raise ConfigError(
+                f"a DDP run over {env.num_nodes} nodes needs checkpoint_dir (or {RENDEZVOUS_DIR_ENV}) on a "
+                "filesystem all nodes share: rank 0 publishes its rendezvous port there"
+            )
         store = _published_port_store(env, rendezvous_dir(checkpoint_dir), timeout_s)
     dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout)
 
@@ -137,7 +152,9 @@ def _published_port_store(env: DistEnv, directory: Path, timeout_s: int) -> dist
     if env.is_main:
         store = dist.TCPStore("0.0.0.0", 0, env.world_size, True, timeout=timeout, wait_for_workers=False)
         tmp = published.with_name(published.name + ".tmp")
-        tmp.write_text(f"{env.master_addr}:{store.port}\n")
+        # Slurm's name for the node rank 0 actually runs on, unless the user chose an address.
+        host = os.environ.get("MASTER_ADDR") or os.environ.get("SLURMD_NODENAME") or env.master_addr
+        tmp.write_text(f"{host}:{store.port}\n")
         os.replace(tmp, published)  # atomic: a reader never sees half a line
         # Once everybody has connected the file is useless; a restart uses a new key anyway.
         store.add("joined", 1)

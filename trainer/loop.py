@@ -58,7 +58,8 @@ def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
     if amp == "off" or (amp == "auto" and device.type == "cpu"):
         return None
     if amp == "auto":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        # Emulated bf16 (pre-Ampere GPUs) is slow: those get fp16.
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     return torch.bfloat16 if amp == "bf16" else torch.float16
 
 
@@ -135,6 +136,9 @@ class _Run:
             final_div_factor=config.final_div_factor,
             anneal_strategy=config.anneal_strategy,  # type: ignore[arg-type]
             three_phase=config.three_phase,
+            # OneCycleLR would otherwise overwrite SGD's momentum with its own 0.85-0.95 cycle,
+            # and the momentum being tuned would have no effect.
+            cycle_momentum=False,
         )
         # bf16 has fp32's exponent range: only fp16 needs loss scaling.
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
@@ -143,14 +147,22 @@ class _Run:
             # calibrates); the schedule still advances, which is what we want, so the warning is noise.
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
         self.state = checkpoint.TrainingState(self.raw_model, self.optimizer, self.scheduler, self.scaler)
+        # What a checkpoint must match to be continued: the settings, and what they resolved to here
+        # (the schedule's length depends on the number of ranks, the scaler's state on the AMP dtype).
+        self.fingerprint = {
+            **config.training_fingerprint(),
+            "world_size": env.world_size,
+            "steps_per_epoch": self.steps_per_epoch,
+            "amp_dtype": str(self.amp_dtype),
+        }
 
     # --- the run ---------------------------------------------------------------------------------
     def run(self) -> TrainResult:
         config, env = self.config, self.env
         history: list[EpochMetrics] = []
-        start_epoch = 0
+        start_epoch, stopped = 0, False
         if config.checkpoint_dir:
-            start_epoch, history = self._resume()
+            start_epoch, history, stopped = self._resume()
         if env.is_main:
             log.info(
                 "training %s on %s: %d epochs x %d steps, batch %d x %d ranks, amp=%s, channels_last=%s%s",
@@ -164,9 +176,9 @@ class _Run:
                 config.channels_last,
                 f", resumed after epoch {start_epoch}" if start_epoch else "",
             )
-        stopped = False
         throughputs: list[float] = []
-        for epoch in range(start_epoch, config.epochs):
+        # A run stopped by its reporter stays stopped when it is started again (a requeued pruned trial).
+        for epoch in range(start_epoch, start_epoch if stopped else config.epochs):
             metrics = self._epoch(epoch)
             history.append(metrics)
             throughputs.append(metrics.images_per_s)
@@ -178,8 +190,9 @@ class _Run:
                     self.state,
                     epoch + 1,
                     metrics.step,
-                    config.training_fingerprint(),
+                    self.fingerprint,
                     [m.to_dict() for m in history],
+                    stopped=decision == _STOP,
                 )
                 self.timer.totals["checkpoint"] += time.perf_counter() - began
             if decision == _STOP:
@@ -189,15 +202,23 @@ class _Run:
                 break
         return self._result(history, start_epoch, stopped, throughputs)
 
-    def _resume(self) -> tuple[int, list[EpochMetrics]]:
+    def _resume(self) -> tuple[int, list[EpochMetrics], bool]:
+        """Load the checkpoint if rank 0 sees one; every rank then starts at rank 0's epoch."""
         assert self.config.checkpoint_dir is not None
         path = checkpoint.checkpoint_path(self.config.checkpoint_dir)
+        rank0_found = distributed.broadcast_from_main(int(self.env.is_main and path.exists()), self.device)
+        if not rank0_found:
+            return 0, [], False
         if not path.exists():
-            return 0, []
+            raise ConfigError(
+                f"rank {self.env.rank} cannot see {path}, which rank 0 resumes from; "
+                "checkpoint_dir must be on a filesystem every node shares"
+            )
         payload = checkpoint.load(path, self.device)
-        checkpoint.check_fingerprint(path, payload["fingerprint"], self.config.training_fingerprint())
+        checkpoint.check_fingerprint(path, payload["fingerprint"], self.fingerprint)
         checkpoint.restore(payload, self.state)
-        return int(payload["epoch"]), [EpochMetrics(**m) for m in payload["history"]]
+        history = [EpochMetrics(**m) for m in payload["history"]]
+        return int(payload["epoch"]), history, bool(payload.get("stopped", False))
 
     def _autocast(self) -> AbstractContextManager[Any]:
         if self.amp_dtype is None:
@@ -220,9 +241,9 @@ class _Run:
         batches = iter(self.train_loader)
         for step in range(self.steps_per_epoch):
             images, labels = next(batches)
-            images, labels = self._to_device(images, labels)
-            self.timer.mark("data")
             with self._oom_as_trial_error():
+                images, labels = self._to_device(images, labels)
+                self.timer.mark("data")
                 with self._autocast():
                     logits = self.model(images)
                     loss = self.criterion(logits, labels)
@@ -287,11 +308,13 @@ class _Run:
 
     @torch.no_grad()
     def _validate(self, sums: torch.Tensor) -> None:
-        self.model.eval()
+        # The unwrapped model: DDP's forward joins collectives, and a rank whose share of a small
+        # validation set is empty would skip them and leave the others waiting.
+        self.raw_model.eval()
         for images, labels in self.val_loader:
-            images, labels = self._to_device(images, labels)
             with self._oom_as_trial_error(), self._autocast():
-                logits = self.model(images)
+                images, labels = self._to_device(images, labels)
+                logits = self.raw_model(images)
                 sums[3] += self.val_criterion(logits.float(), labels)
             sums[4] += (logits.argmax(1) == labels).sum()
             sums[5] += labels.size(0)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, tiny_config
-from trainer import ConfigError, train
+from trainer import ConfigError, Decision, EpochMetrics, train
 from trainer.checkpoint import checkpoint_path
 
 RUN = ["--model", "resnet8", "--width", "8", "--batch-size", "32", "--lr", "0.2", "--epochs", "3",
@@ -72,3 +72,27 @@ def test_changed_settings_refuse_a_stale_checkpoint(tmp_path: Path, fashion_mnis
     # Settings that only change speed may differ.
     result = train(tiny_config(epochs=1, max_steps_per_epoch=5, checkpoint_dir=str(tmp_path), num_workers=1))
     assert result.resumed_from_epoch == 1 and result.epochs_completed == 1
+
+
+class StopAt:
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def report(self, metrics: EpochMetrics) -> Decision:
+        return Decision.STOP if metrics.epoch >= self.epoch else Decision.CONTINUE
+
+
+def test_a_stopped_run_stays_stopped_when_started_again(tmp_path: Path, fashion_mnist_root: str) -> None:
+    """A pruned trial whose job is requeued must not train on."""
+    config = tiny_config(epochs=3, max_steps_per_epoch=8, checkpoint_dir=str(tmp_path))
+    first = train(config, StopAt(1))
+    assert (first.epochs_completed, first.stopped_early) == (1, True)
+    again = train(config)
+    assert (again.epochs_completed, again.stopped_early, again.resumed_from_epoch) == (1, True, 1)
+    assert again.history == first.history
+
+
+def test_the_tuned_momentum_is_the_one_used(tmp_path: Path, fashion_mnist_root: str) -> None:
+    train(tiny_config(epochs=1, max_steps_per_epoch=8, momentum=0.5, checkpoint_dir=str(tmp_path)))
+    saved = torch.load(checkpoint_path(tmp_path), weights_only=False)
+    assert [g["momentum"] for g in saved["optimizer"]["param_groups"]] == [0.5]

@@ -142,3 +142,19 @@ def test_cli_config_file_unknown_key_names_file_and_key(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert f"{path}: unknown key 'learning_rate'; valid keys:" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cli_rejects_an_unwritable_result_path_before_training(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    proc = run_trainer_cli("--result-json", str(blocker / "result.json"), timeout=120)
+    assert proc.returncode == 2
+    assert f"--result-json '{blocker}/result.json': File exists" in proc.stderr
+    assert "training" not in proc.stdout
+
+
+def test_config_file_keys_must_be_names(tmp_path: Path) -> None:
+    path = tmp_path / "odd.yaml"
+    path.write_text("1: 2\nlr: 0.1\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: keys must be names, got 1$"):
+        TrainConfig.from_yaml(path)

@@ -47,8 +47,9 @@ def test_detect_reads_srun_torchrun_and_batch_environments() -> None:
         "SLURM_STEP_ID": "0",
         "SLURM_STEP_NODELIST": "gpu[12-13]",
         "SLURM_RESTART_COUNT": "2",
+        "SLURM_STEP_NUM_NODES": "2",
     }
-    assert detect(srun) == DistEnv(5, 1, 8, "gpu12", None, "slurm-4242.0.2", "slurm")
+    assert detect(srun) == DistEnv(5, 1, 8, "gpu12", None, "slurm-4242.0.2", "slurm", num_nodes=2)
     torchrun = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29400"}
     assert detect(torchrun) == DistEnv(1, 1, 2, "h", 29400, "torchrun", "torchrun")
     # The batch script of a 4-task job runs once: it must not wait for 3 ranks that never come.
@@ -183,6 +184,14 @@ def test_two_trials_on_one_node_do_not_collide(tmp_path: Path, fashion_mnist_roo
     assert {status for status, _, _ in results.values()} == {"ok"}
     for job in ("7003", "7004"):
         assert _metrics(results[(job, 0)][1]["history"]) == _metrics(results[(job, 1)][1]["history"])
+
+
+def test_a_rank_with_no_validation_share_does_not_hang(tmp_path: Path, fashion_mnist_root: str) -> None:
+    """One validation image for two ranks: rank 1 evaluates nothing and must not block rank 0."""
+    config = _ddp_config(tmp_path, epochs=1, max_steps_per_epoch=10, val_fraction=0.0001)
+    results = _run_ranks({"7005": 2}, config, stop_after=1)
+    assert {status for status, _, _ in results.values()} == {"ok"}
+    assert results[("7005", 0)][1]["last_val_accuracy"] in (0.0, 1.0)
 
 
 def test_torchrun_launches_ddp_through_the_cli(tmp_path: Path, fashion_mnist_root: str) -> None:
