@@ -113,7 +113,7 @@ def test_cifar_resnet20_has_the_paper_size() -> None:
 
 def test_too_few_steps_for_one_cycle_is_a_config_error() -> None:
     config = TrainConfig(
-        dataset="synthetic", image_size=8, synthetic_train_samples=32, batch_size=8, epochs=1
+        dataset="synthetic", image_size=8, synthetic_train_samples=32, batch_size=8, epochs=1, num_workers=0
     )
     with pytest.raises(ConfigError, match=r"OneCycle over 4 steps with pct_start=0.25 leaves an empty phase"):
         train(config)
