@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import gc
 import json
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,9 +161,16 @@ def main() -> int:
         for repeat in range(args.repeats):
             # A fresh checkpoint directory each time: a resumed run would train nothing.
             ckpt = dataclasses.replace(tuned, checkpoint_dir=f"{scratch}/trainer-{repeat}")
-            figures["trainer"].append(trainer_throughput(ckpt, warmup_epochs=1))
-            figures["naive"].append(trainer_throughput(naive, warmup_epochs=1))
-            figures["bare"].append(bare_loop_throughput(tuned, warmup_epochs=1))
+            runs: dict[str, Callable[[], float]] = {
+                "trainer": functools.partial(trainer_throughput, ckpt, warmup_epochs=1),
+                "naive": functools.partial(trainer_throughput, naive, warmup_epochs=1),
+                "bare": functools.partial(bare_loop_throughput, tuned, warmup_epochs=1),
+            }
+            # Rotate the order, so that no variant always runs first (or right after another).
+            order = list(runs)[repeat % 3 :] + list(runs)[: repeat % 3]
+            for name in order:
+                gc.collect()  # the previous run's loader workers end here, not during this run
+                figures[name].append(runs[name]())
             print(
                 f"repeat {repeat + 1}/{args.repeats}: "
                 + ", ".join(f"{k} {v[-1]:.0f}" for k, v in figures.items())
