@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer import Decision, EpochMetrics, TrainConfig, train
 from trainer.data import build_datasets, build_loaders
+from trainer.distributed import DistEnv
 from trainer.loop import resolve_amp, resolve_device
 from trainer.models import build_model
 
@@ -84,7 +85,7 @@ def trainer_throughput(config: TrainConfig, warmup_epochs: int) -> float:
 
 def bare_loop_throughput(config: TrainConfig, warmup_epochs: int) -> float:
     """The same work, written as the shortest correct loop: forward, backward, step."""
-    device = resolve_device(config, _single_process())
+    device = resolve_device(config, DistEnv())
     amp_dtype = resolve_amp(config.amp, device)
     memory_format = torch.channels_last if config.channels_last else torch.preserve_format
     torch.manual_seed(config.seed)
@@ -100,7 +101,9 @@ def bare_loop_throughput(config: TrainConfig, warmup_epochs: int) -> float:
     optimizer = torch.optim.SGD(
         model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
     )
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, config.lr, total_steps=config.epochs * steps)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, config.lr, total_steps=config.epochs * steps, cycle_momentum=False
+    )
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     images = 0
     seconds = 0.0
@@ -124,12 +127,6 @@ def bare_loop_throughput(config: TrainConfig, warmup_epochs: int) -> float:
             images += steps * config.batch_size
             seconds += time.perf_counter() - began
     return images / seconds
-
-
-def _single_process() -> Any:
-    from trainer.distributed import DistEnv
-
-    return DistEnv()
 
 
 def main() -> int:
@@ -177,7 +174,7 @@ def main() -> int:
             )
 
     median = {name: statistics.median(values) for name, values in figures.items()}
-    device = resolve_device(tuned, _single_process())
+    device = resolve_device(tuned, DistEnv())
     name = (
         torch.cuda.get_device_name(device)
         if device.type == "cuda"

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -88,10 +89,10 @@ def _check_writable(path: Path) -> None:
     """Found out before training, not after it, that the result could not be written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a"):
-            pass
     except OSError as err:
         raise ConfigError(f"--result-json {str(path)!r}: {err.strerror or err}") from None
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"--result-json {str(path)!r}: Permission denied")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

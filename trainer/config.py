@@ -7,6 +7,7 @@ and the HPO layer's error messages are generated from it, so there is one place 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import types
@@ -254,6 +255,7 @@ def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(TrainConfig)]
 
 
+@functools.cache
 def field_types() -> dict[str, Any]:
     """The annotated type of each field, resolved (the module uses postponed annotations)."""
     return typing.get_type_hints(TrainConfig)

@@ -228,16 +228,15 @@ class SeededTransform(Dataset[tuple[torch.Tensor, int]]):
         return len(self.base)  # type: ignore[arg-type]
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
-        if isinstance(key, tuple):
-            epoch, index = key
-            image, label = self.base[index]
-            if self.transform is None:
-                return image, label
-            # hash() of a tuple of ints is the same in every process (no PYTHONHASHSEED salt).
-            rng = random.Random(hash((self.seed, epoch, index)))
-            return self.transform(image, rng), label  # type: ignore[call-arg]
-        image, label = self.base[key]
-        return (image if self.transform is None else self.transform(image)), label  # type: ignore[call-arg]
+        epoch, index = key if isinstance(key, tuple) else (None, key)
+        image, label = self.base[index]
+        if self.transform is None:
+            return image, label
+        if epoch is None:
+            return self.transform(image), label  # type: ignore[call-arg]
+        # hash() of a tuple of ints is the same in every process (no PYTHONHASHSEED salt).
+        rng = random.Random(hash((self.seed, epoch, index)))
+        return self.transform(image, rng), label  # type: ignore[call-arg]
 
 
 # --- samplers ------------------------------------------------------------------------------------

@@ -10,8 +10,9 @@ import logging
 import resource
 import time
 import warnings
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Literal
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
 
 import torch
 from torch import nn
@@ -61,6 +62,15 @@ def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
         # Emulated bf16 (pre-Ampere GPUs) is slow: those get fp16.
         return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     return torch.bfloat16 if amp == "bf16" else torch.float16
+
+
+@contextmanager
+def oom_as_trial_error(batch_size: int, device: str) -> Iterator[None]:
+    """Turns a device out-of-memory error into :class:`TrialOutOfMemory` (an infeasible config)."""
+    try:
+        yield
+    except torch.OutOfMemoryError as err:
+        raise TrialOutOfMemory(batch_size, device, str(err)) from err
 
 
 class _Run:
@@ -178,7 +188,8 @@ class _Run:
             )
         throughputs: list[float] = []
         # A run stopped by its reporter stays stopped when it is started again (a requeued pruned trial).
-        for epoch in range(start_epoch, start_epoch if stopped else config.epochs):
+        end_epoch = start_epoch if stopped else config.epochs
+        for epoch in range(start_epoch, end_epoch):
             metrics = self._epoch(epoch)
             history.append(metrics)
             throughputs.append(metrics.images_per_s)
@@ -335,8 +346,8 @@ class _Run:
             raise StopRequested("the reporter on rank 0 failed; stopping this rank too")
         return decision
 
-    def _oom_as_trial_error(self) -> _OomTranslator:
-        return _OomTranslator(self.config.batch_size, str(self.device))
+    def _oom_as_trial_error(self) -> AbstractContextManager[None]:
+        return oom_as_trial_error(self.config.batch_size, str(self.device))
 
     def _result(
         self, history: list[EpochMetrics], start_epoch: int, stopped: bool, throughputs: list[float]
@@ -370,21 +381,3 @@ class _Run:
             ),
             history=history,
         )
-
-
-class _OomTranslator:
-    """Turns a device out-of-memory error into :class:`TrialOutOfMemory` (an infeasible config)."""
-
-    def __init__(self, batch_size: int, device: str) -> None:
-        self.batch_size = batch_size
-        self.device = device
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any
-    ) -> Literal[False]:
-        if exc is not None and isinstance(exc, torch.OutOfMemoryError):
-            raise TrialOutOfMemory(self.batch_size, self.device, str(exc)) from exc
-        return False

@@ -13,7 +13,7 @@ from tests.conftest import tiny_config
 from trainer import ConfigError, Decision, EpochMetrics, TrainConfig, TrialOutOfMemory, train
 from trainer.config import CIFAR_MODELS, TORCHVISION_MODELS
 from trainer.data import read_idx
-from trainer.loop import _OomTranslator
+from trainer.loop import oom_as_trial_error
 from trainer.models import build_model
 from trainer.sources import find_fashion_mnist_file
 
@@ -124,8 +124,8 @@ def test_out_of_memory_becomes_a_trial_error() -> None:
         pytest.raises(
             TrialOutOfMemory, match=r"out of memory on cuda:0 with batch_size=4096: CUDA out of memory"
         ),
-        _OomTranslator(4096, "cuda:0"),
+        oom_as_trial_error(4096, "cuda:0"),
     ):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-    with pytest.raises(ValueError), _OomTranslator(8, "cpu"):
+    with pytest.raises(ValueError), oom_as_trial_error(8, "cpu"):
         raise ValueError("other errors pass through")
