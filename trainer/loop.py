@@ -186,14 +186,14 @@ class _Run:
                 config.channels_last,
                 f", resumed after epoch {start_epoch}" if start_epoch else "",
             )
-        throughputs: list[float] = []
+        resumed_epochs = len(history)
         # A run stopped by its reporter stays stopped when it is started again (a requeued pruned trial).
         end_epoch = start_epoch if stopped else config.epochs
         for epoch in range(start_epoch, end_epoch):
             metrics = self._epoch(epoch)
             history.append(metrics)
-            throughputs.append(metrics.images_per_s)
             decision = self._report(metrics)
+            stopped = decision == _STOP and epoch + 1 < config.epochs
             if config.checkpoint_dir and env.is_main:
                 began = time.perf_counter()
                 checkpoint.save(
@@ -203,15 +203,14 @@ class _Run:
                     metrics.step,
                     self.fingerprint,
                     [m.to_dict() for m in history],
-                    stopped=decision == _STOP,
+                    stopped=stopped,
                 )
                 self.timer.totals["checkpoint"] += time.perf_counter() - began
             if decision == _STOP:
-                stopped = epoch + 1 < config.epochs
                 if env.is_main:
                     log.info("stopped by the reporter after epoch %d", epoch + 1)
                 break
-        return self._result(history, start_epoch, stopped, throughputs)
+        return self._result(history, start_epoch, stopped, history[resumed_epochs:])
 
     def _resume(self) -> tuple[int, list[EpochMetrics], bool]:
         """Load the checkpoint if rank 0 sees one; every rank then starts at rank 0's epoch."""
@@ -350,8 +349,9 @@ class _Run:
         return oom_as_trial_error(self.config.batch_size, str(self.device))
 
     def _result(
-        self, history: list[EpochMetrics], start_epoch: int, stopped: bool, throughputs: list[float]
+        self, history: list[EpochMetrics], start_epoch: int, stopped: bool, ran: list[EpochMetrics]
     ) -> TrainResult:
+        """``ran``: the epochs this process trained (``history`` also holds those of a checkpoint)."""
         phases = self.timer.collect()
         if self.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(self.device)
@@ -367,7 +367,7 @@ class _Run:
             best_val_loss=min((m.val_loss for m in history), default=float("inf")),
             last_val_accuracy=last.val_accuracy if last else 0.0,
             last_val_loss=last.val_loss if last else float("inf"),
-            train_images_per_s=sum(throughputs) / len(throughputs) if throughputs else 0.0,
+            train_images_per_s=sum(m.images_per_s for m in ran) / len(ran) if ran else 0.0,
             peak_memory_bytes=int(peak),
             world_size=self.env.world_size,
             device=str(self.device),

@@ -96,3 +96,13 @@ def test_the_tuned_momentum_is_the_one_used(tmp_path: Path, fashion_mnist_root: 
     train(tiny_config(epochs=1, max_steps_per_epoch=8, momentum=0.5, checkpoint_dir=str(tmp_path)))
     saved = torch.load(checkpoint_path(tmp_path), weights_only=False)
     assert [g["momentum"] for g in saved["optimizer"]["param_groups"]] == [0.5]
+
+
+def test_a_stop_at_the_last_epoch_is_not_an_early_stop_after_a_restart(
+    tmp_path: Path, fashion_mnist_root: str
+) -> None:
+    config = tiny_config(epochs=2, max_steps_per_epoch=8, checkpoint_dir=str(tmp_path))
+    first = train(config, StopAt(2))
+    again = train(config)
+    assert (first.stopped_early, again.stopped_early) == (False, False)
+    assert again.epochs_completed == 2
