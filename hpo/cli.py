@@ -1,28 +1,203 @@
-"""The ``hpo`` command. It only parses arguments and calls the modules that do the work."""
+"""The ``hpo`` command. It only parses arguments and calls the modules that do the work.
+
+Exit status: 0 success, 1 runtime failure, 2 bad input (one line naming the file and key,
+nothing submitted), 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import hpo
+from hpo.errors import LaunchError, StudyFileError
+
+if TYPE_CHECKING:
+    from hpo.storage import StorageRef
+    from hpo.studyfile import StudySpec
+
+EXIT_RUNTIME = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="hpo", description=hpo.__doc__)
+class _OneLineErrorParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineErrorParser(prog="hpo", description=hpo.__doc__)
     parser.add_argument("--version", action="version", version=f"hpo {hpo.__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_OneLineErrorParser
+    )
     commands.add_parser(
         "train",
         help="run one training directly (same flags as `python -m trainer`; see `hpo train --help`)",
         add_help=False,
     )
+
+    launch = commands.add_parser("launch", help="create or resume a study and run its trials")
+    _study_arguments(launch)
+    launch.add_argument("--executor", choices=("slurm", "local"), help="override resources.executor")
+    launch.add_argument("--n-trials", type=int, help="override study.n_trials (the whole study's budget)")
+    launch.add_argument("--max-concurrent", type=int, help="override study.max_concurrent")
+    launch.add_argument(
+        "--workers",
+        type=int,
+        metavar="K",
+        help="submit K long-running worker jobs (one job array) that pull trials",
+    )
+    launch.add_argument(
+        "--dry-run", action="store_true", help="print the resolved study and the job script; submit nothing"
+    )
+
+    for name, text in (
+        ("status", "trials by state, with parameters, last value and job id"),
+        ("best", "the best trial and a ready full-training command"),
+        ("cancel", "cancel the study's running jobs"),
+    ):
+        _study_arguments(commands.add_parser(name, help=text))
+    return parser
+
+
+def _study_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study_file", type=Path, metavar="STUDY.yaml")
+    parser.add_argument(
+        "--storage", help="override study.storage (no password here: use PGPASSWORD or ~/.pgpass)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a study-file key",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:
         # Forwarded untouched: the trainer owns its flags.
         from trainer.cli import main as train_main
 
         return train_main(argv[1:])
-    parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except StudyFileError as err:
+        print(f"hpo {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except LaunchError as err:
+        print(f"hpo {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except KeyboardInterrupt:
+        print(f"hpo {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
+    from hpo.storage import has_password, resolve_storage
+    from hpo.studyfile import load_study
+
+    if args.storage is not None and has_password(args.storage):
+        raise StudyFileError("--storage: a password on the command line is visible to every user; "
+                             "put it in PGPASSWORD or ~/.pgpass")  # fmt: skip
+    overrides = list(args.overrides)
+    if args.storage is not None:
+        overrides.append(f"study.storage={args.storage}")
+    for flag, key in (
+        ("executor", "resources.executor"),
+        ("n_trials", "study.n_trials"),
+        ("max_concurrent", "study.max_concurrent"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    spec = load_study(args.study_file, overrides)
+    storage = resolve_storage(spec, spec.study.storage, spec.source)
+    if args.command == "launch":
+        return _launch(args, spec, storage)
+
+    from hpo import views
+
+    study = views.open_study(spec, storage)
+    if args.command == "status":
+        lines = views.status_lines(spec, study)
+    elif args.command == "best":
+        lines = views.best_lines(spec, study)
+    else:
+        lines = views.cancel(spec, study)
+    print("\n".join(lines))
     return 0
+
+
+def _launch(args: argparse.Namespace, spec: StudySpec, storage: StorageRef) -> int:
+    from hpo import executors, launcher
+    from hpo import study as study_lib
+
+    study_lib.validate_optuna_settings(spec)
+    executor = spec.resources.executor
+    if args.workers is not None:
+        if args.workers < 1:
+            raise StudyFileError(f"--workers: must be >= 1, got {args.workers}")
+        if spec.resources.world_size > 1:
+            raise StudyFileError(
+                f"{spec.source}: resources: --workers runs single-process trials; this study's trials "
+                f"have {spec.resources.world_size} processes (use per-trial jobs for DDP trials)"
+            )
+    if args.dry_run:
+        _print_dry_run(spec, storage, executor)
+        return 0
+    executors.check_executor_available(spec, executor)
+    if executor == "local":
+        _check_local_data(spec)
+    summary = launcher.launch(spec, storage, launcher.LaunchOptions(executor=executor, workers=args.workers))
+    if summary.best_number is None:
+        raise LaunchError(f"no trial of study {spec.study.name!r} completed; see `hpo status {spec.source}`")
+    return 0
+
+
+def _check_local_data(spec: StudySpec) -> None:
+    from trainer.config import TrainConfig
+    from trainer.errors import ConfigError
+    from trainer.sources import check_data_available
+
+    try:
+        check_data_available(TrainConfig.from_mapping(spec.trainer))
+    except ConfigError as err:
+        raise StudyFileError(f"{spec.source}: trainer: {err}") from None
+
+
+def _print_dry_run(spec: StudySpec, storage: StorageRef, executor: str) -> None:
+    import yaml
+
+    from hpo import executors
+    from hpo.storage import mask
+
+    document = {
+        "study": {**dataclasses.asdict(spec.study), "storage": mask(str(storage))},
+        "search_space": {
+            name: {k: v for k, v in dataclasses.asdict(p).items() if v not in (None, False)}
+            for name, p in spec.search_space.items()
+        },
+        "trainer": spec.trainer,
+        "resources": dataclasses.asdict(spec.resources),
+    }
+    print(f"# {spec.source}, resolved (workdir {spec.workdir})")
+    print(yaml.safe_dump(document, sort_keys=False).rstrip())
+    if executor == "slurm":
+        print(
+            f"# sbatch script of each trial job (submitted by submitit; folder {executors.jobs_folder(spec)})"
+        )
+        print(executors.render_sbatch(spec, f"hpo-{spec.study.name}").rstrip())
+    else:
+        print(f"# each trial runs as a local process: {sys.executable} -m submitit.core._submit <job folder>")
+    print("# dry run: nothing submitted")

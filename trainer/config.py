@@ -215,12 +215,23 @@ class TrainConfig:
 
 
 class _YamlLoader(yaml.SafeLoader):
-    """PyYAML follows YAML 1.1, where ``1e-4`` (no dot, or no exponent sign) is a string, not a float;
-    learning rates are written exactly like that, so floats are resolved as in YAML 1.2."""
+    """Numbers resolved as in YAML 1.2, not PyYAML's YAML 1.1.
+
+    In YAML 1.1 ``1e-4`` (no dot, or no exponent sign) is a string, and ``1:30:00`` is the
+    sexagesimal integer 5400: learning rates and Slurm time limits are written exactly like that.
+    """
 
 
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 _YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
+    _INT_TAG, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F]+)$"), list("-+0123456789")
+)
+_YamlLoader.add_implicit_resolver(
+    _FLOAT_TAG,
     re.compile(
         r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
         |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)

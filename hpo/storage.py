@@ -1,0 +1,149 @@
+"""Where a study lives: the embedded default (an Optuna journal file) or a database server.
+
+The embedded default is Optuna's journal storage on a file in the study's workdir: an append-only
+log guarded by a file lock, so several trial processes on one machine write to it at once without
+SQLite's "database is locked". PostgreSQL (or MySQL) is for the shared case: trial jobs on many
+nodes, several launchers, optuna-dashboard from a login node.
+
+Passwords never travel in URLs: a URL is stripped of its password, which goes to ``PGPASSWORD``
+(inherited by local trial processes and by Slurm jobs, which receive the submitter's
+environment), and every URL the service prints is masked. ``~/.pgpass`` works as it does for psql.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from hpo.errors import StudyFileError
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
+
+    from hpo.studyfile import StudySpec
+
+JOURNAL_PREFIX = "journal:"
+RDB_SCHEMES = ("postgresql", "postgres", "mysql", "sqlite")
+_PASSWORD_ENV = {"postgresql": "PGPASSWORD", "mysql": "MYSQL_PWD"}
+
+
+@dataclass(frozen=True)
+class StorageRef:
+    """A storage location without secrets: safe to pickle into a job and to print."""
+
+    kind: Literal["journal", "rdb"]
+    target: str
+    """The journal file's absolute path, or a SQLAlchemy URL without password."""
+
+    def __str__(self) -> str:
+        return f"{JOURNAL_PREFIX}{self.target}" if self.kind == "journal" else self.target
+
+    @property
+    def dashboard_argument(self) -> str:
+        """What ``optuna-dashboard`` takes as its storage argument."""
+        return self.target
+
+
+def resolve_storage(spec: StudySpec, url: str | None, source: str) -> StorageRef:
+    """Turn the study's storage setting (or ``--storage``) into a :class:`StorageRef`.
+
+    A password found in the URL is moved to the environment variable its driver reads.
+    """
+    if not url:
+        return StorageRef("journal", str(spec.workdir / "optuna.journal"))
+    if url.startswith(JOURNAL_PREFIX):
+        path = url[len(JOURNAL_PREFIX) :].removeprefix("//")
+        if not path:
+            raise StudyFileError(f"{source}: study.storage: journal: needs a file path, got {url!r}")
+        return StorageRef("journal", str(Path(path).expanduser().absolute()))
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StudyFileError(f"{source}: study.storage: not a storage URL: {mask(url)!r}") from None
+    scheme = parsed.get_backend_name()
+    if scheme == "postgres":
+        parsed = parsed.set(drivername="postgresql")
+        scheme = "postgresql"
+    if scheme not in RDB_SCHEMES:
+        raise StudyFileError(
+            f"{source}: study.storage: unsupported scheme {scheme!r}; use postgresql://, mysql://, "
+            "sqlite:/// or journal:PATH"
+        )
+    if scheme == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        parsed = parsed.set(database=str(Path(parsed.database).expanduser().absolute()))
+    if parsed.password:
+        env_name = _PASSWORD_ENV.get(scheme)
+        if env_name is None:
+            raise StudyFileError(f"{source}: study.storage: {scheme} URLs take no password")
+        os.environ[env_name] = str(parsed.password)
+        parsed = parsed.set(password=None)
+    return StorageRef("rdb", parsed.render_as_string(hide_password=False))
+
+
+def has_password(url: str) -> bool:
+    if url.startswith(JOURNAL_PREFIX):
+        return False
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).password is not None
+    except ArgumentError:
+        return False
+
+
+def mask(url: str) -> str:
+    """The URL with any password replaced by ``***``."""
+    if url.startswith(JOURNAL_PREFIX):
+        return url
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url.split("@")[-1] if "@" in url else url
+
+
+def open_storage(ref: StorageRef, *, create: bool) -> BaseStorage:
+    """Connect to the storage. ``create=True`` (the launcher) creates the schema; trial
+    processes pass ``create=False`` so that many of them starting at once run no DDL."""
+    import optuna
+
+    if ref.kind == "journal":
+        path = Path(ref.target)
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        elif not path.exists():
+            raise FileNotFoundError(f"journal storage {path} does not exist")
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    engine_kwargs: dict[str, object] = {"pool_pre_ping": True}
+    if not ref.target.startswith("sqlite"):
+        # A trial process needs one connection at a time; a small pool keeps 64 trials well under
+        # PostgreSQL's default max_connections of 100. connect_timeout bounds the wait on a dead host.
+        engine_kwargs.update(pool_size=1, max_overflow=2, pool_recycle=3600)
+        if ref.target.startswith("postgresql"):
+            engine_kwargs["connect_args"] = {"connect_timeout": 10}
+    return optuna.storages.RDBStorage(
+        ref.target,
+        engine_kwargs=engine_kwargs,
+        skip_table_creation=not create,
+        skip_compatibility_check=not create,
+    )
+
+
+def check_reachable(ref: StorageRef, source: str) -> BaseStorage:
+    """Open the storage for the launcher, creating its schema; a failure is a one-line error."""
+    try:
+        return open_storage(ref, create=True)
+    except Exception as err:  # the drivers raise many types; all mean "cannot use this storage"
+        reason = str(getattr(err, "orig", None) or err).strip().splitlines()
+        first = reason[0] if reason else type(err).__name__
+        raise StudyFileError(f"{source}: study.storage: cannot open {mask(str(ref))}: {first}") from None

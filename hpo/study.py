@@ -1,0 +1,161 @@
+"""The Optuna side of a study: sampler, pruner, distributions, creation and the trial budget.
+
+Everything here is shared by the launcher (which asks) and the trial processes (which report,
+ask ``should_prune`` and tell), so that both build the same pruner from the same study file.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from hpo.errors import StudyFileError
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.distributions import BaseDistribution
+    from optuna.storages import BaseStorage
+
+    from hpo.studyfile import ParamSpec, PrunerSpec, SamplerSpec, StudySpec
+
+# Trial user attributes written by the service (shown by `hpo status` and optuna-dashboard).
+ATTR_JOB_ID = "job_id"
+ATTR_EXECUTOR = "executor"
+ATTR_JOB_FOLDER = "job_folder"
+ATTR_NODES = "nodes"
+ATTR_ELAPSED_S = "elapsed_s"
+ATTR_FAIL_REASON = "fail_reason"
+ATTR_ASKED_AT = "asked_at"
+ATTR_STARTED_AT = "started_at"
+ATTR_FINISHED_AT = "finished_at"
+ATTR_EPOCHS = "epochs_completed"
+ATTR_IMAGES_PER_S = "images_per_s"
+ATTR_SURPLUS = "surplus"
+# Study user attributes.
+STUDY_ATTR_ENQUEUED = "hpo_enqueued"
+
+
+def distributions(spec: StudySpec) -> dict[str, BaseDistribution]:
+    return {name: _distribution(param) for name, param in spec.search_space.items()}
+
+
+def _distribution(param: ParamSpec) -> BaseDistribution:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if param.type == "categorical":
+        return CategoricalDistribution(list(param.choices or []))
+    if param.power_of_two:
+        return CategoricalDistribution(param.powers_of_two())
+    if param.type == "int":
+        step = int(param.step) if param.step is not None else 1
+        return IntDistribution(int(param.low or 0), int(param.high or 0), log=param.log, step=step)
+    return FloatDistribution(float(param.low or 0), float(param.high or 0), log=param.log, step=param.step)
+
+
+def build_sampler(sampler: SamplerSpec, max_concurrent: int, source: str) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    classes: dict[str, Callable[..., optuna.samplers.BaseSampler]] = {
+        "tpe": optuna.samplers.TPESampler,
+        "random": optuna.samplers.RandomSampler,
+        "qmc": optuna.samplers.QMCSampler,
+        "gp": optuna.samplers.GPSampler,
+        "cmaes": optuna.samplers.CmaEsSampler,
+    }
+    options = dict(sampler.options)
+    if sampler.name == "tpe" and max_concurrent > 1:
+        # Trials run in parallel: without the constant liar, TPE proposes near-copies of a point
+        # whose result is not in yet.
+        options.setdefault("constant_liar", True)
+    return _construct(
+        classes[sampler.name], {**options, "seed": sampler.seed}, f"{source}: study.sampler.options"
+    )
+
+
+def build_pruner(pruner: PrunerSpec, source: str) -> optuna.pruners.BasePruner:
+    import optuna
+
+    classes: dict[str, Callable[..., optuna.pruners.BasePruner]] = {
+        "none": optuna.pruners.NopPruner,
+        "median": optuna.pruners.MedianPruner,
+        "percentile": optuna.pruners.PercentilePruner,
+        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+        "hyperband": optuna.pruners.HyperbandPruner,
+        "threshold": optuna.pruners.ThresholdPruner,
+    }
+    return _construct(classes[pruner.name], dict(pruner.options), f"{source}: study.pruner.options")
+
+
+def _construct(cls: Callable[..., Any], options: dict[str, Any], where: str) -> Any:
+    valid = [name for name in inspect.signature(cls).parameters if name != "self"]
+    for key in options:
+        if key not in valid:
+            raise StudyFileError(f"{where}.{key}: unknown option; valid options: {', '.join(valid)}")
+    try:
+        return cls(**options)
+    except (TypeError, ValueError) as err:
+        raise StudyFileError(f"{where}: {str(err).splitlines()[0]}") from None
+    except ImportError as err:
+        raise StudyFileError(f"{where}: needs a package that is not installed: {err.name or err}") from None
+
+
+def validate_optuna_settings(spec: StudySpec) -> None:
+    """Build the sampler and pruner once, so that bad options fail before anything else."""
+    build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source)
+    build_pruner(spec.study.pruner, spec.source)
+
+
+def load(spec: StudySpec, storage: BaseStorage, *, create: bool) -> optuna.Study:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source)
+    pruner = build_pruner(spec.study.pruner, spec.source)
+    if create:
+        return optuna.create_study(
+            study_name=spec.study.name,
+            storage=storage,
+            sampler=sampler,
+            pruner=pruner,
+            direction=spec.study.direction,  # type: ignore[arg-type]  # checked: maximize | minimize
+            load_if_exists=True,
+        )
+    return optuna.load_study(study_name=spec.study.name, storage=storage, sampler=sampler, pruner=pruner)
+
+
+def check_direction(study: optuna.Study, spec: StudySpec) -> None:
+    """A stored study keeps its direction; a study file that changed it is an error, not a surprise."""
+    stored = study.direction.name.lower()
+    if stored != spec.study.direction:
+        raise StudyFileError(
+            f"{spec.source}: study.direction: the stored study {spec.study.name!r} is {stored}, "
+            f"the file says {spec.study.direction}"
+        )
+
+
+def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The trials that use up the budget: all of them, except surplus ones closed unrun."""
+    return [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(ATTR_SURPLUS)]
+
+
+def enqueue_first_trials(study: optuna.Study, spec: StudySpec) -> int:
+    """Enqueue ``study.enqueue`` once per study (a relaunch must not enqueue them again)."""
+    if not spec.study.enqueue or study.user_attrs.get(STUDY_ATTR_ENQUEUED):
+        return 0
+    for params in spec.study.enqueue:
+        study.enqueue_trial(params, skip_if_exists=True)
+    study.set_user_attr(STUDY_ATTR_ENQUEUED, True)
+    return len(spec.study.enqueue)
+
+
+def metric_value(trial: optuna.trial.FrozenTrial) -> float | None:
+    if trial.value is not None:
+        return trial.value
+    if trial.intermediate_values:
+        return trial.intermediate_values[max(trial.intermediate_values)]
+    return None
+
+
+def format_params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())

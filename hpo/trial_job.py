@@ -1,0 +1,236 @@
+"""What runs inside a trial's job: the trial process(es) and the ``--workers`` pull loop.
+
+The launcher asks Optuna for a trial and submits :class:`TrialTask` (pickled by submitit). On
+every rank the task builds the trainer config from the trial's parameters; rank 0 alone opens the
+storage, reports the metric each epoch, asks ``should_prune`` and tells the final state; the trainer
+broadcasts rank 0's decision so that every rank stops at the same epoch.
+
+The trial process tells its own final state, so a result is stored even if the launcher is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+import traceback
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hpo import study as study_lib
+from hpo.storage import StorageRef, open_storage
+from trainer.reporting import Decision, EpochMetrics, Reporter
+
+if TYPE_CHECKING:
+    import optuna
+
+    from hpo.studyfile import StudySpec
+
+
+@dataclasses.dataclass
+class ObjectiveResult:
+    value: float
+    """The metric at the end of the run (at the last epoch trained)."""
+    pruned: bool
+    attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Objective(Protocol):
+    """Runs one trial's work on this rank; ``reporter`` is None on ranks other than 0."""
+
+    def __call__(
+        self, spec: StudySpec, trial_number: int, params: dict[str, Any], reporter: Reporter | None
+    ) -> ObjectiveResult: ...
+
+
+class TrainerObjective:
+    """The real objective: a short trainer run, checkpointed under the study's workdir."""
+
+    def __call__(
+        self, spec: StudySpec, trial_number: int, params: dict[str, Any], reporter: Reporter | None
+    ) -> ObjectiveResult:
+        import torch
+
+        from trainer import train
+
+        torch.set_num_threads(spec.resources.cpus_per_task)
+        config = spec.trainer_config(params, checkpoint_dir=str(trial_dir(spec, trial_number) / "checkpoint"))
+        result = train(config, reporter)
+        last = result.history[-1] if result.history else None
+        value = float(getattr(last, spec.study.metric)) if last is not None else float("nan")
+        return ObjectiveResult(
+            value=value,
+            pruned=result.stopped_early,
+            attrs={
+                study_lib.ATTR_EPOCHS: result.epochs_completed,
+                study_lib.ATTR_IMAGES_PER_S: result.train_images_per_s,
+            },
+        )
+
+
+class OptunaReporter:
+    """The trainer's reporter on rank 0: one intermediate value per epoch, then ``should_prune``."""
+
+    def __init__(self, trial: optuna.Trial, metric: str) -> None:
+        self.trial = trial
+        self.metric = metric
+
+    def report(self, metrics: EpochMetrics) -> Decision:
+        self.trial.report(float(getattr(metrics, self.metric)), step=metrics.epoch)
+        return Decision.STOP if self.trial.should_prune() else Decision.CONTINUE
+
+
+def trial_dir(spec: StudySpec, trial_number: int) -> Any:
+    return spec.workdir / "trials" / str(trial_number)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclasses.dataclass
+class TrialTask:
+    """One trial, submitted as one job (one process per task; DDP across them)."""
+
+    spec: StudySpec
+    storage: StorageRef
+    trial_number: int
+    params: dict[str, Any]
+    """Sampled by the launcher before submission; every rank builds its config from them."""
+    objective: Objective = dataclasses.field(default_factory=TrainerObjective)
+
+    def __call__(self) -> dict[str, Any]:
+        rank = _export_rank_environment()
+        if rank != 0:
+            result = self.objective(self.spec, self.trial_number, dict(self.params), None)
+            return {"rank": rank, "value": result.value, "pruned": result.pruned}
+        study = study_lib.load(self.spec, open_storage(self.storage, create=False), create=False)
+        trial = attach(study, self.trial_number)
+        if trial is None:
+            print(f"trial {self.trial_number} is already finished in the study; nothing to run", flush=True)
+            return {"rank": 0, "skipped": True}
+        return run_attached(self.spec, study, trial, self.objective)
+
+
+def attach(study: optuna.Study, trial_number: int) -> optuna.Trial | None:
+    """The running trial with this number, or None if it already ended."""
+    import optuna
+
+    storage = study._storage  # the study's own storage object: no second connection pool
+    study_id = storage.get_study_id_from_name(study.study_name)
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial_number)
+    if storage.get_trial(trial_id).state != optuna.trial.TrialState.RUNNING:
+        return None
+    return optuna.Trial(study, trial_id)
+
+
+def run_attached(
+    spec: StudySpec, study: optuna.Study, trial: optuna.Trial, objective: Objective
+) -> dict[str, Any]:
+    """Run a trial on rank 0: record where it runs, train while reporting, tell the end state."""
+    import optuna
+
+    started = time.monotonic()
+    trial.set_user_attr(study_lib.ATTR_STARTED_AT, now_iso())
+    for key, value in job_identity().items():
+        trial.set_user_attr(key, value)
+    print(f"rank 0 reporting to study {spec.study.name!r}, trial {trial.number}: {trial.params}", flush=True)
+    try:
+        result = objective(spec, trial.number, dict(trial.params), OptunaReporter(trial, spec.study.metric))
+    except BaseException as err:
+        reason = _one_line(err)
+        _finish_attrs(trial, started, {study_lib.ATTR_FAIL_REASON: reason})
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        print(f"trial {trial.number} FAIL: {reason}", flush=True)
+        raise
+    _finish_attrs(trial, started, result.attrs)
+    if result.pruned:
+        study.tell(trial.number, state=optuna.trial.TrialState.PRUNED)
+        state = "PRUNED"
+    else:
+        study.tell(trial.number, result.value)
+        state = "COMPLETE"
+    print(f"trial {trial.number} {state}: {spec.study.metric}={result.value:.4f}", flush=True)
+    return {"rank": 0, "state": state, "value": result.value}
+
+
+def _finish_attrs(trial: optuna.Trial, started: float, attrs: dict[str, Any]) -> None:
+    # Attributes can no longer be set once the trial is told, so they are written just before.
+    attrs = {
+        **attrs,
+        study_lib.ATTR_ELAPSED_S: round(time.monotonic() - started, 3),
+        study_lib.ATTR_FINISHED_AT: now_iso(),
+    }
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def job_identity() -> dict[str, str]:
+    """The Slurm job id and node list of this process (or the local controller's pid and host)."""
+    if "SLURM_JOB_ID" in os.environ:
+        array = os.environ.get("SLURM_ARRAY_JOB_ID")
+        job_id = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ["SLURM_JOB_ID"]
+        return {study_lib.ATTR_JOB_ID: job_id, study_lib.ATTR_NODES: os.environ.get("SLURM_JOB_NODELIST", "")}
+    return {
+        study_lib.ATTR_JOB_ID: os.environ.get("SUBMITIT_LOCAL_JOB_ID", str(os.getpid())),
+        study_lib.ATTR_NODES: socket.gethostname(),
+    }
+
+
+def _export_rank_environment() -> int:
+    """Make the trainer see its rank. Under srun it reads Slurm's variables itself; submitit's
+    local executor sets its own, which are translated to torchrun's for multi-process trials."""
+    if os.environ.get("SUBMITIT_LOCAL_NTASKS", "1") != "1":
+        import submitit
+
+        dist_env = submitit.helpers.TorchDistributedEnvironment()
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.update(
+            RANK=str(dist_env.rank),
+            WORLD_SIZE=str(dist_env.world_size),
+            LOCAL_RANK=str(dist_env.local_rank),
+            MASTER_PORT=str(dist_env.master_port),
+        )
+        return dist_env.rank
+    return int(os.environ.get("SLURM_PROCID", "0")) if "SLURM_STEP_NUM_TASKS" in os.environ else 0
+
+
+@dataclasses.dataclass
+class WorkerTask:
+    """A long-running worker job (``--workers``): ask, run, tell, until the budget is met."""
+
+    spec: StudySpec
+    storage: StorageRef
+    deadline_unix: float | None = None
+    objective: Objective = dataclasses.field(default_factory=TrainerObjective)
+
+    def __call__(self) -> dict[str, Any]:
+        import optuna
+
+        study = study_lib.load(self.spec, open_storage(self.storage, create=False), create=False)
+        space = study_lib.distributions(self.spec)
+        ran = 0
+        while len(study_lib.counted_trials(study)) < self.spec.study.n_trials:
+            if self.deadline_unix is not None and time.time() >= self.deadline_unix:
+                break
+            trial = study.ask(space)
+            # Several workers may ask at the same moment for the last slot: the trial numbers
+            # decide, and a surplus trial is closed unrun so that the budget is exact.
+            earlier = [t for t in study_lib.counted_trials(study) if t.number < trial.number]
+            if len(earlier) >= self.spec.study.n_trials:
+                trial.set_user_attr(study_lib.ATTR_SURPLUS, True)
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                break
+            trial.set_user_attr(study_lib.ATTR_EXECUTOR, "worker")
+            try:
+                run_attached(self.spec, study, trial, self.objective)
+            except Exception:
+                traceback.print_exc()  # recorded as FAIL with its reason; the worker goes on
+            ran += 1
+        return {"trials_run": ran}

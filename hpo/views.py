@@ -1,0 +1,138 @@
+"""Read-side commands on a stored study: ``hpo status``, ``hpo best`` and ``hpo cancel``."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from hpo import executors
+from hpo import study as study_lib
+from hpo.errors import LaunchError, StudyFileError
+from hpo.storage import StorageRef, mask, open_storage
+from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig
+
+if TYPE_CHECKING:
+    import optuna
+
+    from hpo.studyfile import StudySpec
+
+
+def open_study(spec: StudySpec, ref: StorageRef) -> optuna.Study:
+    import optuna
+
+    try:
+        storage = open_storage(ref, create=False)
+        return study_lib.load(spec, storage, create=False)
+    except (KeyError, FileNotFoundError):
+        raise StudyFileError(f"{spec.source}: study.name: no study {spec.study.name!r} in {mask(str(ref))}; "
+                             "run `hpo launch` first") from None  # fmt: skip
+    except optuna.exceptions.StorageInternalError as err:
+        raise LaunchError(f"cannot read {mask(str(ref))}: {err}") from None
+    except Exception as err:  # drivers raise many types for an unreachable server
+        raise StudyFileError(f"{spec.source}: study.storage: cannot open {mask(str(ref))}: "
+                             f"{str(getattr(err, 'orig', None) or err).strip().splitlines()[0]}") from None  # fmt: skip
+
+
+def status_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
+    trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(study_lib.ATTR_SURPLUS)]
+    counts = Counter(t.state.name for t in trials)
+    lines = [
+        f"study {spec.study.name}: {len(trials)} of {spec.study.n_trials} trials; "
+        + ", ".join(f"{counts[s]} {s}" for s in sorted(counts)),
+    ]
+    header = ("#", "state", "epoch", spec.study.metric, "job", "elapsed", "params / reason")
+    rows: list[tuple[str, ...]] = [header]
+    for t in trials:
+        value = study_lib.metric_value(t)
+        last_epoch = max(t.intermediate_values) if t.intermediate_values else 0
+        elapsed = t.user_attrs.get(study_lib.ATTR_ELAPSED_S)
+        if elapsed is None and t.duration is not None:
+            elapsed = t.duration.total_seconds()
+        detail = study_lib.format_params(t.params)
+        reason = t.user_attrs.get(study_lib.ATTR_FAIL_REASON)
+        if reason and t.state.name == "FAIL":
+            detail = f"{detail}  [{reason}]"
+        rows.append((
+            str(t.number),
+            t.state.name,
+            str(last_epoch),
+            "-" if value is None else f"{value:.4f}",
+            str(t.user_attrs.get(study_lib.ATTR_JOB_ID, "-")),
+            "-" if elapsed is None else f"{float(elapsed):.0f}s",
+            detail,
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    return lines
+
+
+def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
+    try:
+        best = study.best_trial
+    except ValueError:
+        raise LaunchError(f"study {spec.study.name!r} has no completed trial yet") from None
+    config = spec.trainer_config(best.params)
+    lines = [
+        f"best trial {best.number}: {spec.study.metric}={best.value:.4f} "
+        f"(job {best.user_attrs.get(study_lib.ATTR_JOB_ID, '-')})",
+        "params: " + study_lib.format_params(best.params),
+        "train it: " + full_training_command(config),
+    ]
+    return lines
+
+
+def full_training_command(config: TrainConfig) -> str:
+    """``python -m trainer`` with every setting that differs from the trainer's defaults."""
+    defaults = TrainConfig()
+    words = ["python", "-m", "trainer"]
+    for field in dataclasses.fields(TrainConfig):
+        value = getattr(config, field.name)
+        if field.name in RUNTIME_ONLY_FIELDS and field.name != "num_workers":
+            continue
+        if value == getattr(defaults, field.name):
+            continue
+        flag = "--" + field.name.replace("_", "-")
+        if isinstance(value, bool):
+            words.append(flag if value else "--no-" + field.name.replace("_", "-"))
+        else:
+            words += [flag, f"{value:.6g}" if isinstance(value, float) else str(value)]
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def cancel(spec: StudySpec, study: optuna.Study) -> list[str]:
+    """Cancel the running trials' jobs and fail the trials, so that nothing stays RUNNING."""
+    import optuna
+
+    lines = []
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        executor = trial.user_attrs.get(study_lib.ATTR_EXECUTOR)
+        job_id = trial.user_attrs.get(study_lib.ATTR_JOB_ID)
+        if job_id is not None:
+            _cancel_job(spec, executor, str(job_id))
+        study._storage.set_trial_user_attr(
+            trial._trial_id, study_lib.ATTR_FAIL_REASON, "cancelled by hpo cancel"
+        )
+        try:
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        except (RuntimeError, ValueError):
+            continue  # it ended on its own meanwhile
+        lines.append(
+            f"trial {trial.number}: cancelled {executor or ''} job {job_id or '-'}".replace("  ", " ")
+        )
+    return lines or ["no running trial"]
+
+
+def _cancel_job(spec: StudySpec, executor: Any, job_id: str) -> None:
+    if executor in ("slurm", "worker") and not job_id.isdigit() and "_" not in job_id:
+        return
+    if executor == "local" or (executor == "worker" and executors.local_process_alive(job_id)):
+        import os
+        import signal
+
+        if executors.local_process_alive(job_id):
+            os.kill(int(job_id), signal.SIGINT)  # submitit's local controller forwards it to the tasks
+        return
+    executors.slurm_job(spec, job_id).cancel(check=False)
