@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 # torch is pinned where it is installed: a range that admits a newer release pulls several GB.
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: setup system-deps test lint quickstart bench clean
+.PHONY: setup system-deps cluster cluster-down test lint quickstart train bench clean
 
 setup: system-deps $(STAMP)
 
@@ -24,13 +24,27 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: lint
+# The real two-node Slurm (with sacct) and PostgreSQL that the tests run against.
+cluster:
+	bash deploy/local-cluster/up.sh
+
+cluster-down:
+	bash deploy/local-cluster/down.sh
+
+test: lint cluster
 	$(VENV)/bin/pytest
 
-# The main job on the embedded default: one epoch of a CIFAR-style ResNet on the real Fashion-MNIST, on CPU.
+# The main job on the embedded default: a 10-trial study of a narrow ResNet on the real
+# Fashion-MNIST, trials as local processes, the study in runs/quickstart/; ends with the best trial.
+# Run again, it resumes the study (and only prints the best trial once the budget is spent).
 quickstart: setup
+	$(VENV)/bin/hpo launch studies/quickstart.yaml
+	$(VENV)/bin/hpo best studies/quickstart.yaml
+
+# One training run of the trainer alone: one epoch of a CIFAR-style ResNet on Fashion-MNIST, on CPU.
+train: setup
 	$(PY) -m trainer --config studies/trainer-fashion-mnist.yaml \
-		--checkpoint-dir runs/quickstart --result-json runs/quickstart/result.json
+		--checkpoint-dir runs/train --result-json runs/train/result.json
 
 bench: setup
 	$(PY) bench/throughput.py

@@ -8,6 +8,7 @@ job handles from stored job ids when a launcher resumes a study.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -89,14 +90,14 @@ def slurm_parameters(spec: StudySpec, job_name: str, array_parallelism: int | No
 
 def render_sbatch(spec: StudySpec, job_name: str) -> str:
     """The sbatch script a trial job would be submitted with (for ``--dry-run``)."""
-    import submitit
+    from submitit.slurm.slurm import _make_sbatch_string
 
-    executor = submitit.SlurmExecutor(
-        folder=jobs_folder(spec) / "%j", python=spec.resources.python or sys.executable
-    )
-    executor.update_parameters(**slurm_parameters(spec, job_name))
-    # submitit builds the script at submission; the same private hook renders it without submitting.
-    text: str = executor._make_submission_file_text(executor._submitit_command_str, "dry-run")
+    folder = jobs_folder(spec) / "%j"
+    python = spec.resources.python or sys.executable
+    command = f"{python} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    # submitit renders the script at submission with this function; calling it directly works
+    # where there is no srun (a SlurmExecutor refuses to exist there).
+    text: str = _make_sbatch_string(command=command, folder=folder, **slurm_parameters(spec, job_name))
     return text
 
 

@@ -34,7 +34,7 @@ class LaunchOptions:
     executor: str
     workers: int | None = None
     objective: Objective = dataclasses.field(default_factory=TrainerObjective)
-    poll_interval_s: float = 0.5
+    poll_interval_s: float = 0.25
 
 
 @dataclasses.dataclass

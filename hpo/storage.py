@@ -81,7 +81,7 @@ def resolve_storage(spec: StudySpec, url: str | None, source: str) -> StorageRef
         if env_name is None:
             raise StudyFileError(f"{source}: study.storage: {scheme} URLs take no password")
         os.environ[env_name] = str(parsed.password)
-        parsed = parsed.set(password=None)
+        parsed = parsed._replace(password=None)  # URL.set() ignores None: it would keep the password
     return StorageRef("rdb", parsed.render_as_string(hide_password=False))
 
 

@@ -110,8 +110,9 @@ class StudySection:
     timeout: str | int | None = _field(
         None, "Stop submitting new trials after this long (minutes, or 90s, 30m, 2h, 1-00:00:00)."
     )
-    enqueue: list[dict[str, Any]] = _field(
-        [], "Parameter sets to try first (e.g. the current hand-tuned one)."
+    enqueue: list[dict[str, Any]] = dataclasses.field(
+        default_factory=list,
+        metadata={"help": "Parameter sets to try first (e.g. the current hand-tuned one)."},
     )
 
     def check(self) -> None:
@@ -197,6 +198,25 @@ class ParamSpec:
         if self.scale_with_batch_size is not None:
             _at_least("scale_with_batch_size", self.scale_with_batch_size, 1)
 
+    def rejects(self, value: Any) -> str | None:
+        """Why ``value`` is not in this distribution (an enqueued trial must be), or None."""
+        choices = (
+            self.choices
+            if self.type == "categorical"
+            else self.powers_of_two()
+            if self.power_of_two
+            else None
+        )
+        if choices is not None:
+            return None if value in choices else f"{value!r} is not one of the choices {choices!r}"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"must be a number, got {value!r}"
+        if self.type == "int" and value != int(value):
+            return f"must be an integer, got {value!r}"
+        if not (self.low or 0) <= value <= (self.high or 0):
+            return f"{value!r} is outside [{self.low!r}, {self.high!r}]"
+        return None
+
     def values_to_check(self) -> list[Any]:
         """Representative values, each of which must be a valid trainer setting."""
         if self.type == "categorical":
@@ -227,8 +247,11 @@ class Resources:
     account: str | None = _field(None, "Slurm account (--account).")
     qos: str | None = _field(None, "Slurm QoS (--qos).")
     constraint: str | None = _field(None, "Slurm node constraint (--constraint), e.g. a100 or h100.")
-    setup: list[str] = _field(
-        [], "Shell lines run in the job before the trial (module load ..., conda activate ...)."
+    setup: list[str] = dataclasses.field(
+        default_factory=list,
+        metadata={
+            "help": "Shell lines run in the job before the trial (module load ..., conda activate ...)."
+        },
     )
     sbatch: dict[str, Any] = dataclasses.field(
         default_factory=dict, metadata={"help": "Extra sbatch options, e.g. {hint: nomultithread}."}
@@ -306,8 +329,14 @@ _SECTIONS = {"study": StudySection, "search_space": None, "trainer": None, "reso
 # --------------------------------------------------------------------------------------------------
 
 
-def load_study(path: str | Path, overrides: Sequence[str] = ()) -> StudySpec:
-    """Read, interpolate, override and validate a study file."""
+def load_study(
+    path: str | Path, overrides: Sequence[str] = (), labels: Mapping[str, str] | None = None
+) -> StudySpec:
+    """Read, interpolate, override and validate a study file.
+
+    ``labels`` names the command-line option behind an override key (``study.n_trials`` ->
+    ``--n-trials``) for error messages; other overrides are named ``--set KEY``.
+    """
     source = str(path)
     try:
         document: Any = load_yaml_mapping(path)
@@ -324,8 +353,11 @@ def load_study(path: str | Path, overrides: Sequence[str] = ()) -> StudySpec:
     try:
         return _build_spec(document, source)
     except _KeyProblem as problem:
-        culprit = next((k for k in overridden if problem.path == k or problem.path.startswith(k + ".")), None)
-        where = f"{source} (--set {culprit})" if culprit else source
+        culprit = next(
+            (k for k in overridden if problem.path == k or problem.path.startswith((k + ".", k + "["))), None
+        )
+        label = (labels or {}).get(culprit or "", f"--set {culprit}")
+        where = f"{source} ({label})" if culprit else source
         raise StudyFileError(f"{where}: {problem}") from None
 
 
@@ -334,14 +366,16 @@ def _build_spec(document: dict[str, Any], source: str) -> StudySpec:
     if "study" not in document:
         raise _KeyProblem("study", "section is missing (it needs at least a name)")
     study = _build(StudySection, document["study"], "study")
-    resources = _build(Resources, document.get("resources") or {}, "resources")
-    trainer = document.get("trainer") or {}
+    resources = _build(Resources, _or_empty(document.get("resources")), "resources")
+    trainer = _or_empty(document.get("trainer"))
     if not isinstance(trainer, dict):
         raise _KeyProblem("trainer", f"must be a mapping of trainer keys, got {_kind(trainer)}")
     _check_trainer_section(trainer)
-    space_doc = document.get("search_space") or {}
+    space_doc = _or_empty(document.get("search_space"))
     if not isinstance(space_doc, dict):
         raise _KeyProblem("search_space", f"must be a mapping of trainer keys, got {_kind(space_doc)}")
+    if not space_doc:
+        raise _KeyProblem("search_space", "is empty: name at least one trainer key to tune")
     space = {}
     for name, param_doc in space_doc.items():
         space[name] = _build(ParamSpec, param_doc, f"search_space.{name}")
@@ -349,6 +383,10 @@ def _build_spec(document: dict[str, Any], source: str) -> StudySpec:
     _check_space_against_trainer(spec)
     _check_enqueued(spec)
     return spec
+
+
+def _or_empty(section: Any) -> Any:
+    return {} if section is None else section
 
 
 def _check_trainer_section(trainer: dict[str, Any]) -> None:
@@ -385,6 +423,10 @@ def _check_enqueued(spec: StudySpec) -> None:
             raise _KeyProblem(
                 path, f"{unknown[0]!r} is not in search_space; searched keys: {', '.join(spec.search_space)}"
             )
+        for name, value in params.items():
+            problem = spec.search_space[name].rejects(value)
+            if problem:
+                raise _KeyProblem(f"{path}.{name}", problem)
         try:
             spec.trainer_config(params)
         except ConfigError as err:
@@ -535,7 +577,15 @@ def _interpolate(value: Any, path: str) -> Any:
             path, f"environment variable {name} is not set (write ${{{name}:-default}} for a default)"
         )
 
-    return _INTERPOLATION.sub(substitute, value)
+    result = _INTERPOLATION.sub(substitute, value)
+    whole = _INTERPOLATION.fullmatch(value)
+    if whole and whole.group(0) != "$$":
+        # `n_trials: ${N}` is the number N, as if written in the file.
+        try:
+            return yaml.load(result, Loader=_yaml_loader()) if result.strip() else result
+        except yaml.YAMLError:
+            return result
+    return result
 
 
 def _apply_override(document: dict[str, Any], assignment: str, source: str) -> str:

@@ -69,6 +69,41 @@ class TrainerObjective:
         )
 
 
+@dataclasses.dataclass
+class FixedDurationObjective:
+    """A stand-in for training that takes a fixed time: for measuring dispatch overhead.
+
+    It sleeps ``seconds`` in ``epochs`` equal steps, reporting after each, and returns a value
+    that depends smoothly on the parameters (so a sampler has something to optimize).
+    """
+
+    seconds: float
+    epochs: int = 3
+
+    def __call__(
+        self, spec: StudySpec, trial_number: int, params: dict[str, Any], reporter: Reporter | None
+    ) -> ObjectiveResult:
+        import math
+
+        value = 0.0
+        for epoch in range(1, self.epochs + 1):
+            time.sleep(self.seconds / self.epochs)
+            value = (
+                sum(math.tanh(float(v)) for v in params.values() if isinstance(v, int | float))
+                * epoch
+                / self.epochs
+            )
+            if reporter is not None:
+                step_s = self.seconds / self.epochs
+                metrics = EpochMetrics(
+                    epoch=epoch, step=epoch, train_loss=value, train_accuracy=value, val_loss=value,
+                    val_accuracy=value, lr=0.0, images_per_s=0.0, train_time_s=step_s, epoch_time_s=step_s,
+                )  # fmt: skip
+                if reporter.report(metrics) == Decision.STOP:
+                    return ObjectiveResult(value=value, pruned=True)
+        return ObjectiveResult(value=value, pruned=False)
+
+
 class OptunaReporter:
     """The trainer's reporter on rank 0: one intermediate value per epoch, then ``should_prune``."""
 

@@ -10,8 +10,9 @@ PG_DB=hpo
 PG_ROLE=hpo
 PG_URL="postgresql://${PG_ROLE}@127.0.0.1:${PG_PORT}/${PG_DB}"
 # Root-only copy of the generated PostgreSQL password, in pgpass format (usable as PGPASSFILE).
+# Any database: the test suite creates a fresh database per test (the role may CREATEDB).
 PG_PASSFILE=/etc/hpo/local-cluster.pgpass
-PG_PASSLINE_PREFIX="127.0.0.1:${PG_PORT}:${PG_DB}:${PG_ROLE}:"
+PG_PASSLINE_PREFIX="127.0.0.1:${PG_PORT}:*:${PG_ROLE}:"
 
 SLURM_RUN=/run/slurm
 SLURM_LOG=/var/log/slurm

@@ -252,18 +252,18 @@ wait_for 30 pg_isready -q -h 127.0.0.1 -p "$PG_PORT" || die "PostgreSQL does not
 
 # The hpo role's password: generated once, kept in a root-only pgpass file and reused.
 install -d -m 700 "$(dirname "$PG_PASSFILE")"
-pg_pass=$(sed -n "s/^${PG_PASSLINE_PREFIX//./\\.}//p" "$PG_PASSFILE" 2>/dev/null) || true
+pg_pass=$(grep -F "$PG_PASSLINE_PREFIX" "$PG_PASSFILE" 2>/dev/null | cut -d: -f5) || true
 [[ $pg_pass =~ ^[0-9a-f]{32}$ ]] || pg_pass=$(openssl rand -hex 16)
 update_file "$PG_PASSFILE" "$PG_PASSLINE_PREFIX$pg_pass" 600 || true
 # Role and database, idempotently; the password reaches psql through stdin only.
 runuser -u postgres -- psql -X -q -v ON_ERROR_STOP=1 -d postgres >/dev/null <<SQL
 SELECT 'CREATE ROLE $PG_ROLE LOGIN' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_ROLE')\gexec
-ALTER ROLE $PG_ROLE WITH LOGIN PASSWORD '$pg_pass';
+ALTER ROLE $PG_ROLE WITH LOGIN CREATEDB PASSWORD '$pg_pass';
 SELECT 'CREATE DATABASE $PG_DB OWNER $PG_ROLE' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '$PG_DB')\gexec
 SQL
 # Clients authenticate through ~/.pgpass: replace our line there, keep the others.
 pgpass=${HOME:?}/.pgpass
-others=$(grep -vF "$PG_PASSLINE_PREFIX" "$pgpass" 2>/dev/null) || true
+others=$(grep -vE "^127\.0\.0\.1:${PG_PORT}:[^:]*:${PG_ROLE}:" "$pgpass" 2>/dev/null) || true
 update_file "$pgpass" "${others:+$others$'\n'}$PG_PASSLINE_PREFIX$pg_pass" 600 || true
 [[ $(psql -X -A -t -w "$PG_URL" -c 'select 1' 2>&1) == 1 ]] ||
     die "cannot connect to $PG_URL with the password of $pgpass"

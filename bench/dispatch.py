@@ -1,0 +1,154 @@
+"""Dispatch overhead on the real local Slurm cluster: makespan against the ideal N*t/K.
+
+N trials of a fixed-duration dummy objective (t seconds, no training, no pruning) run at
+concurrency K, through `hpo launch`'s two modes side by side in one run:
+
+- per-trial jobs: one Slurm job per trial, up to K in flight, the next submitted as one ends;
+- workers: K long-running worker jobs (one job array) pulling trials from the study.
+
+For each it prints the makespan, its ratio to the ideal N*t/K (target: at most 1.15), and the
+per-trial dispatch latencies from the timestamps stored on the trials: asked -> running (the
+trial process has started and attached) and finished -> told (result stored), plus the gap between
+one trial being told and the next being asked.
+
+    python bench/dispatch.py            # N=16, K=4, t=30 s: about 5 minutes
+    python bench/dispatch.py --quick    # N=8,  K=4, t=10 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from hpo.launcher import LaunchOptions, launch  # noqa: E402
+from hpo.storage import resolve_storage  # noqa: E402
+from hpo.studyfile import load_study  # noqa: E402
+from hpo.trial_job import FixedDurationObjective  # noqa: E402
+
+
+def study_file(folder: Path, name: str, n_trials: int, concurrency: int) -> Path:
+    document = {
+        "study": {
+            "name": name,
+            "workdir": str(folder / name),
+            "sampler": {"name": "random", "seed": 0},
+            "pruner": {"name": "none"},
+            "n_trials": n_trials,
+            "max_concurrent": concurrency,
+        },
+        "search_space": {"lr": {"type": "float", "low": 0.01, "high": 1.0, "log": True}},
+        "trainer": {"model": "resnet8"},
+        "resources": {"executor": "slurm", "cpus_per_task": 1, "time": "30m"},
+    }
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def run_mode(mode: str, folder: Path, storage_url: str, n: int, k: int, seconds: float) -> dict[str, Any]:
+    import optuna
+
+    name = f"bench-dispatch-{mode}-{uuid.uuid4().hex[:6]}"
+    spec = load_study(study_file(folder, name, n, k))
+    storage = resolve_storage(spec, storage_url, spec.source)
+    options = LaunchOptions(
+        executor="slurm", workers=k if mode == "workers" else None, objective=FixedDurationObjective(seconds)
+    )
+    started = time.monotonic()
+    launch(spec, storage, options, log=lambda line: None)
+    makespan = time.monotonic() - started
+    trials = optuna.load_study(study_name=name, storage=storage_url).get_trials(deepcopy=False)
+    trials = [t for t in trials if not t.user_attrs.get("surplus")]
+    assert len(trials) == n and all(t.state.name == "COMPLETE" for t in trials), [t.state for t in trials]
+
+    def stamp(trial: Any, key: str) -> float:
+        return datetime.fromisoformat(trial.user_attrs[key]).timestamp()
+
+    def asked_at(trial: Any) -> float:
+        return float(trial.datetime_start.timestamp())
+
+    def told_at(trial: Any) -> float:
+        return float(trial.datetime_complete.timestamp())
+
+    to_running = [stamp(t, "started_at") - asked_at(t) for t in trials]
+    to_told = [told_at(t) - stamp(t, "finished_at") for t in trials]
+    # In per-trial mode, a slot is reused when the launcher asks the next trial.
+    told = sorted(told_at(t) for t in trials)
+    asked = sorted(asked_at(t) for t in trials)[k:]
+    gaps = [a - c for a, c in zip(asked, told, strict=False)]
+    ideal = n * seconds / k
+    return {
+        "mode": mode,
+        "makespan_s": round(makespan, 2),
+        "ideal_s": round(ideal, 2),
+        "ratio": round(makespan / ideal, 3),
+        "asked_to_running_s": _summary(to_running),
+        "finished_to_told_s": _summary(to_told),
+        "told_to_next_asked_s": _summary(gaps) if mode == "per-trial" else None,
+    }
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "median": round(statistics.median(ordered), 3),
+        "p90": round(ordered[int(0.9 * (len(ordered) - 1))], 3),
+        "max": round(ordered[-1], 3),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--trials", type=int, default=16, help="N")
+    parser.add_argument("--concurrency", type=int, default=4, help="K (the local cluster has 4 CPU slots)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="t, the duration of one trial")
+    parser.add_argument("--quick", action="store_true", help="N=8, t=10 s")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    if args.quick:
+        args.trials, args.seconds = 8, 10.0
+    up = subprocess.run(["bash", str(REPO / "deploy/local-cluster/up.sh")], capture_output=True, text=True)
+    if up.returncode != 0:
+        print(up.stderr[-2000:], file=sys.stderr)
+        return 1
+    storage_url = up.stdout.strip().splitlines()[-1]
+    n, k, t = args.trials, args.concurrency, args.seconds
+    print(f"dispatch benchmark: N={n} trials of t={t:g} s at K={k}, ideal makespan N*t/K = {n * t / k:.1f} s")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="hpo-bench-") as tmp:
+        for mode in ("per-trial", "workers"):
+            result = run_mode(mode, Path(tmp), storage_url, n, k, t)
+            results.append(result)
+            gap = result["told_to_next_asked_s"]
+            print(
+                f"{mode:>9}: makespan {result['makespan_s']:.1f} s = {result['ratio']:.3f} x ideal; "
+                f"asked->running median {result['asked_to_running_s']['median']:.2f} s "
+                f"(p90 {result['asked_to_running_s']['p90']:.2f}); "
+                f"finished->told median {result['finished_to_told_s']['median']:.3f} s"
+                + (f"; told->next asked median {gap['median']:.2f} s" if gap else "")
+            )
+    per_trial, workers = results
+    print(f"per-trial / workers makespan: {per_trial['makespan_s'] / workers['makespan_s']:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"n": n, "k": k, "t": t, "results": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

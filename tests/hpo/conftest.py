@@ -1,0 +1,144 @@
+"""Fixtures for the service's tests: study files, the real local Slurm cluster and PostgreSQL.
+
+The cluster is brought up by ``deploy/local-cluster/up.sh`` (idempotent; the test command runs it
+first). A test that needs it fails, never skips, when it cannot come up.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+HPO = str(Path(sys.executable).parent / "hpo")
+
+# A narrow ResNet on a slice of the real Fashion-MNIST: a few seconds per trial on one core.
+TINY_TRAINER: dict[str, Any] = {
+    "model": "resnet8",
+    "width": 8,
+    "dataset": "fashion-mnist",
+    "epochs": 3,
+    "max_steps_per_epoch": 20,
+    "val_fraction": 0.1,
+    "momentum": 0.9,
+    "num_workers": 0,
+    "log_every": 0,
+}
+GOOD = {"lr": 0.3, "weight_decay": 1e-4, "batch_size": 64}
+BAD = {"lr": 0.001, "weight_decay": 1e-4, "batch_size": 64}
+
+
+def study_document(name: str, workdir: Path, **sections: Any) -> dict[str, Any]:
+    """A small real study: TPE, successive halving, 8 trials, 2 in flight.
+
+    Two good configurations run first, then two bad ones: by the time a bad one reports its first
+    epoch, good ones have reported theirs, so successive halving has something to prune.
+    """
+    document: dict[str, Any] = {
+        "study": {
+            "name": name,
+            "workdir": str(workdir),
+            "sampler": {"name": "tpe", "seed": 0, "options": {"n_startup_trials": 3}},
+            "pruner": {"name": "successive_halving", "options": {"min_resource": 1, "reduction_factor": 2}},
+            "n_trials": 8,
+            "max_concurrent": 2,
+            "enqueue": [GOOD, {**GOOD, "lr": 0.2}, BAD, BAD],
+        },
+        "search_space": {
+            "lr": {"type": "float", "low": 0.001, "high": 1.0, "log": True},
+            "weight_decay": {"type": "float", "low": 1e-5, "high": 1e-2, "log": True},
+            "batch_size": {"type": "categorical", "choices": [32, 64]},
+        },
+        "trainer": copy.deepcopy(TINY_TRAINER),
+        "resources": {"executor": "local", "cpus_per_task": 1, "time": "10m"},
+    }
+    for section, values in sections.items():
+        document[section].update(values)
+    return document
+
+
+def write_study(path: Path, document: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def run_hpo(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [HPO, *args],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> str:
+    """Bring up (or find up) the two-node Slurm and PostgreSQL; return the database URL."""
+    proc = subprocess.run(
+        ["bash", str(REPO / "deploy/local-cluster/up.sh")], capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, f"deploy/local-cluster/up.sh failed:\n{proc.stderr[-3000:]}"
+    assert shutil.which("sbatch") and shutil.which("sacct")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def fresh_database(local_cluster: str) -> Iterator[str]:
+    """A new, empty PostgreSQL database owned by the service's role, dropped afterwards."""
+    name = f"hpo_test_{uuid.uuid4().hex[:12]}"
+    admin = local_cluster.rsplit("/", 1)[0] + "/postgres"
+    subprocess.run(["psql", "-X", "-w", "-q", admin, "-c", f"CREATE DATABASE {name}"], check=True, timeout=60)
+    yield local_cluster.rsplit("/", 1)[0] + f"/{name}"
+    subprocess.run(
+        ["psql", "-X", "-w", "-q", admin, "-c", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], timeout=60
+    )
+
+
+def load_trials(document: dict[str, Any], storage: str | None = None) -> list[Any]:
+    """The stored trials of a study, read back with Optuna itself."""
+    import optuna
+
+    if storage is None:
+        from optuna.storages.journal import JournalFileBackend
+
+        path = Path(document["study"]["workdir"]) / "optuna.journal"
+        backend: Any = optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    else:
+        backend = storage
+    study = optuna.load_study(study_name=document["study"]["name"], storage=backend)
+    return study.get_trials(deepcopy=False)
+
+
+def sacct_states(job_ids: list[str]) -> dict[str, str]:
+    proc = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return dict(line.split("|", 1) for line in proc.stdout.splitlines() if line)
+
+
+def max_overlap(trials: list[Any]) -> int:
+    """The largest number of trials that were running at the same moment."""
+    events = []
+    for trial in trials:
+        events += [(trial.datetime_start, 1), (trial.datetime_complete, -1)]
+    running = peak = 0
+    for _, delta in sorted(events, key=lambda event: (event[0], event[1])):
+        running += delta
+        peak = max(peak, running)
+    return peak

@@ -1,0 +1,212 @@
+"""`hpo launch` end to end: real trainer trials on the real Fashion-MNIST, as local processes and as
+real Slurm jobs on the local cluster, with the study in a journal file or a real PostgreSQL."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hpo.conftest import (
+    GOOD,
+    HPO,
+    REPO,
+    load_trials,
+    max_overlap,
+    run_hpo,
+    sacct_states,
+    study_document,
+    write_study,
+)
+
+pytestmark = pytest.mark.slow
+
+FINISHED = {"COMPLETE", "PRUNED"}
+
+
+def check_finished_study(trials: list[Any], n_trials: int, direction: str = "maximize") -> None:
+    states = [t.state.name for t in trials]
+    assert len(trials) == n_trials, states
+    assert set(states) <= FINISHED, [(t.number, t.state.name, t.user_attrs) for t in trials]
+    assert "COMPLETE" in states and "PRUNED" in states, states
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    for trial in trials:
+        # One intermediate value per epoch trained, from rank 0 only, never duplicated.
+        epochs = sorted(trial.intermediate_values)
+        assert epochs == list(range(1, len(epochs) + 1))
+        assert trial.user_attrs["epochs_completed"] == len(epochs)
+        assert trial.user_attrs["job_id"]
+    assert all(len(t.intermediate_values) == 3 for t in complete)
+    assert all(len(t.intermediate_values) < 3 for t in trials if t.state.name == "PRUNED")
+    # Never more than max_concurrent in flight, and the launcher did keep 2 in flight.
+    assert max_overlap(trials) == 2
+
+
+def best_line(stdout: str) -> str:
+    lines = [line for line in stdout.splitlines() if line.startswith("best trial")]
+    assert lines, stdout
+    return lines[-1]
+
+
+def test_local_executor_runs_a_study_with_pruning(tmp_path: Path, fashion_mnist_root: str) -> None:
+    document = study_document("local-study", tmp_path / "work")
+    study_file = write_study(tmp_path / "study.yaml", document)
+    proc = run_hpo("launch", str(study_file))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    trials = load_trials(document)
+    check_finished_study(trials, 8)
+    best = max((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    assert best_line(proc.stdout).startswith(f"best trial {best.number}: value={best.value:.4f}")
+    # The trials were local processes: their "job id" is the local controller's pid, no Slurm.
+    assert all(t.user_attrs["executor"] == "local" for t in trials)
+
+    status = run_hpo("status", str(study_file))
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith("study local-study: 8 of 8 trials;")
+    best_cmd = run_hpo("best", str(study_file))
+    assert best_cmd.returncode == 0, best_cmd.stderr
+    assert f"best trial {best.number}:" in best_cmd.stdout
+    assert "train it: python -m trainer --model resnet8" in best_cmd.stdout
+
+
+def test_slurm_executor_runs_trials_as_slurm_jobs_with_postgresql(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    document = study_document("slurm-study", tmp_path / "work")
+    study_file = write_study(tmp_path / "study.yaml", document)
+    proc = run_hpo("launch", str(study_file), "--executor", "slurm", "--storage", fresh_database)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    trials = load_trials(document, fresh_database)
+    check_finished_study(trials, 8)
+    # Every trial ran as its own Slurm job, which sacct knows and which ended well.
+    job_ids = [t.user_attrs["job_id"] for t in trials]
+    assert len(set(job_ids)) == 8
+    # (The last jobs may still be exiting when the launcher has seen their trials told.)
+    assert {job_id: _wait_for_sacct(job_id) for job_id in job_ids} == dict.fromkeys(job_ids, "COMPLETED")
+    assert all(t.user_attrs["nodes"] in ("n1", "n2") for t in trials)
+
+    status = run_hpo("status", str(study_file), "--storage", fresh_database)
+    assert status.returncode == 0, status.stderr
+    for trial in trials:
+        row = re.search(
+            rf"^{trial.number}\s+{trial.state.name}\s+\d\s+[\d.]+\s+{trial.user_attrs['job_id']}\s",
+            status.stdout,
+            re.M,
+        )
+        assert row, status.stdout
+
+
+def test_ddp_trial_across_two_nodes_reports_from_rank_0_and_is_pruned_without_hanging(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    document = study_document(
+        "ddp-study",
+        tmp_path / "work",
+        study={"n_trials": 1, "max_concurrent": 1, "enqueue": [GOOD],
+               # Unreachable after one epoch: the trial is pruned at its first report.
+               "pruner": {"name": "threshold", "options": {"lower": 0.99}}},
+        resources={"executor": "slurm", "nodes": 2, "tasks_per_node": 1},
+    )  # fmt: skip
+    study_file = write_study(tmp_path / "study.yaml", document)
+    proc = run_hpo("launch", str(study_file), "--storage", fresh_database, timeout=300)
+    # The only trial was pruned, so no trial completed: a runtime failure, status 1.
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "trial 0 PRUNED at epoch 1" in proc.stdout
+    [trial] = load_trials(document, fresh_database)
+    assert trial.state.name == "PRUNED"
+    assert list(trial.intermediate_values) == [1]
+    job_id = trial.user_attrs["job_id"]
+    assert trial.user_attrs["nodes"] == "n[1-2]"
+    logs = Path(document["study"]["workdir"]) / "jobs" / job_id
+    rank0, rank1 = (logs / f"{job_id}_{rank}_log.out" for rank in (0, 1))
+    # Both ranks obeyed the pruning decision and exited 0 (srun --kill-on-bad-exit would fail the
+    # job otherwise), long before the DDP timeout.
+    assert _wait_for_sacct(job_id) == "COMPLETED"
+    assert "rank 0 reporting to study" in rank0.read_text()
+    assert "reporting to study" not in rank1.read_text()
+
+
+def _wait_for_sacct(job_id: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = sacct_states([job_id]).get(job_id, "")
+        if state not in ("", "RUNNING", "PENDING", "COMPLETING") or time.monotonic() > deadline:
+            return state
+        time.sleep(1)
+
+
+def test_workers_on_a_fresh_postgresql_database_start_at_once_without_errors(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    document = study_document(
+        "workers-study",
+        tmp_path / "work",
+        study={"n_trials": 16, "max_concurrent": 8, "enqueue": [], "pruner": {"name": "none"}},
+    )
+    document["trainer"].update(epochs=1, max_steps_per_epoch=8, val_fraction=0.02)
+    study_file = write_study(tmp_path / "study.yaml", document)
+    proc = run_hpo("launch", str(study_file), "--workers", "8", "--storage", fresh_database)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    trials = load_trials(document, fresh_database)
+    counted = [t for t in trials if not t.user_attrs.get("surplus")]
+    assert len(counted) == 16
+    assert all(t.state.name == "COMPLETE" for t in counted), [(t.number, t.user_attrs) for t in counted]
+    # Surplus trials (several workers asking for the last slot at once) are closed unrun.
+    assert all("started_at" not in t.user_attrs for t in trials if t.user_attrs.get("surplus"))
+    workers = {t.user_attrs["job_id"] for t in counted}
+    assert len(workers) >= 2, workers
+    logs = list((Path(document["study"]["workdir"]) / "jobs").rglob("*_log.err"))
+    assert len(logs) == 8
+    for log in logs:
+        assert "Traceback" not in log.read_text(), log.read_text()[-2000:]
+
+
+def test_relaunch_after_stopping_the_launcher_resumes_without_duplicates(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    document = study_document("resume-study", tmp_path / "work", study={"n_trials": 6})
+    study_file = write_study(tmp_path / "study.yaml", document)
+    args = [HPO, "launch", str(study_file), "--executor", "slurm", "--storage", fresh_database]
+    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while True:  # stop it once a trial has finished and others are in flight
+        trials = _trials_or_none(document, fresh_database)
+        states = [t.state.name for t in trials or []]
+        if any(s in FINISHED for s in states) and "RUNNING" in states:
+            break
+        assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()[0]
+        time.sleep(0.5)
+    launcher.send_signal(signal.SIGINT)
+    output = launcher.communicate(timeout=60)[0]
+    assert launcher.returncode == 130, output
+    assert "keep running as Slurm jobs" in output
+    running_at_stop = {t.number for t in load_trials(document, fresh_database) if t.state.name == "RUNNING"}
+
+    proc = run_hpo("launch", str(study_file), "--executor", "slurm", "--storage", fresh_database)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    reattached = {int(n) for n in re.findall(r"trial (\d+) re-attached", proc.stdout)}
+    assert reattached and reattached <= running_at_stop
+    trials = load_trials(document, fresh_database)
+    assert len(trials) == 6
+    assert {t.state.name for t in trials} <= FINISHED | {"FAIL"}
+    assert not [t for t in trials if t.state.name == "FAIL" and t.number not in running_at_stop]
+    # Exactly one Slurm job per trial: sacct knows no other job of this study.
+    job_ids = [t.user_attrs["job_id"] for t in trials]
+    assert len(set(job_ids)) == 6
+    proc = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "JobID", "--name", "hpo-resume-study", "-S", "now-1hour"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert sorted(proc.stdout.split()) == sorted(job_ids)
+
+
+def _trials_or_none(document: dict[str, Any], storage: str) -> list[Any] | None:
+    try:
+        return load_trials(document, storage)
+    except KeyError:  # the launcher has not created the study yet
+        return None

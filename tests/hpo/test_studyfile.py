@@ -1,0 +1,514 @@
+"""Study files: loading, interpolation, overrides, durations, storage, and the one-line errors.
+
+The malformed-input corpus runs the real `hpo` console script in a subprocess, as a user would:
+each bad file or option must end with exit status 2, exactly one line on stderr naming the file
+and the key, no traceback, and nothing created under the study's workdir.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hpo.errors import StudyFileError
+from hpo.storage import StorageRef, has_password, mask, resolve_storage
+from hpo.studyfile import _KeyProblem, load_study, parse_duration_min
+from trainer.config import load_yaml_mapping
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "studies" / "quickstart.yaml"
+HPO = str(Path(sys.executable).parent / "hpo")
+UNSET = "HPO_TEST_SURELY_UNSET_VARIABLE"
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def base_document(workdir: Path) -> dict[str, Any]:
+    """The quickstart study (read with the loader's YAML 1.2 rules), its workdir under tmp."""
+    document = load_yaml_mapping(QUICKSTART)
+    document["study"]["workdir"] = str(workdir)
+    return document
+
+
+def set_key(document: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = document
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def write_study(path: Path, document: Any) -> Path:
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def run_hpo(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed `hpo` console script in a fresh process."""
+    base = {k: v for k, v in os.environ.items() if k not in (UNSET, "PGPASSWORD")}
+    return subprocess.run(
+        [HPO, *args], cwd=cwd, env={**base, **(env or {})}, capture_output=True, text=True, timeout=120
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. The quickstart study
+# --------------------------------------------------------------------------------------------------
+
+
+def test_quickstart_loads_with_resolved_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    spec = load_study(QUICKSTART)
+
+    assert spec.study.name == "quickstart"
+    assert spec.study.metric == "val_accuracy"
+    assert spec.study.direction == "maximize"  # implied by the metric
+    assert spec.study.sampler.name == "tpe" and spec.study.sampler.options == {"n_startup_trials": 4}
+    assert spec.study.pruner.name == "successive_halving"
+    assert spec.study.timeout_min == 30
+    assert spec.search_space["batch_size"].powers_of_two() == [64, 128, 256]
+    assert spec.search_space["batch_size"].values_to_check() == [64, 128, 256]
+    lr = spec.search_space["lr"]
+    assert (lr.type, lr.low, lr.high, lr.log) == ("float", 0.01, 1.0, True)
+    # YAML 1.2 numbers: 1.0e-4 and 1.0e4 are floats, not strings.
+    assert spec.study.enqueue[0]["weight_decay"] == pytest.approx(1e-4)
+    assert spec.search_space["final_div_factor"].high == 1e4
+    assert spec.resources.executor == "local"
+    assert spec.resources.time_min == 20
+    assert spec.resources.setup == [] and spec.resources.sbatch == {}
+    assert spec.workdir == tmp_path / "runs" / "quickstart"
+    assert spec.trainer_config(spec.study.enqueue[0]).batch_size == 128
+    assert not (tmp_path / "runs").exists()  # loading creates nothing
+
+
+def test_instances_do_not_share_mutable_defaults(tmp_path: Path) -> None:
+    path = write_study(
+        tmp_path / "s.yaml",
+        {"study": {"name": "a"}, "search_space": {"lr": {"type": "float", "low": 0.01, "high": 1.0}}},
+    )
+    first, second = load_study(path), load_study(path)
+    first.resources.setup.append("module load x")
+    first.study.enqueue.append({})
+    assert second.resources.setup == [] and second.study.enqueue == []
+
+
+def test_direction_follows_a_minimized_metric(tmp_path: Path) -> None:
+    path = write_study(
+        tmp_path / "s.yaml",
+        {
+            "study": {"name": "a", "metric": "val_loss"},
+            "search_space": {"lr": {"type": "float", "low": 0.01, "high": 1.0}},
+        },
+    )
+    assert load_study(path).study.direction == "minimize"
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. Malformed study files and options, through the real CLI
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Bad:
+    """One malformed input: edits to the valid base file (dotted key -> value) and CLI arguments."""
+
+    expect: tuple[str, ...]  # substrings of the one error line (the key path first)
+    edits: dict[str, Any] = dataclasses.field(default_factory=dict)
+    args: tuple[str, ...] = ()
+    text: str | None = None  # raw file content instead of the edited base
+    missing: bool = False  # the file does not exist
+    directory: bool = False  # the "file" is a directory: it cannot be read
+    dry_run: bool = True  # otherwise `--executor local`, still failing in validation
+    names_file: bool = True  # errors about a command-line option need not name the file
+
+
+CORPUS = [
+    pytest.param(Bad(("searchspace", "unknown key", "did you mean 'search_space'"), {"searchspace": {}}), id="unknown-section"),
+    pytest.param(Bad(("study.n_trial", "unknown key", "did you mean 'n_trials'?"), {"study.n_trial": 5}), id="study-typo"),
+    pytest.param(Bad(("resources.gpus", "unknown key", "valid keys"), {"resources.gpus": 1}), id="resources-unknown"),
+    pytest.param(Bad(("study.n_trials", "must be an integer", "'ten'"), {"study.n_trials": "ten"}), id="wrong-type"),
+    pytest.param(Bad(("study.max_concurrent", "must be an integer", "True"), {"study.max_concurrent": True}), id="bool-for-int"),
+    pytest.param(Bad(("study.n_trials", "must be >= 1"), {"study.n_trials": 0}), id="n-trials-0"),
+    pytest.param(Bad(("search_space.pct_start.high", "greater than low"), {"search_space.pct_start.high": 0.1}), id="low-eq-high"),
+    pytest.param(Bad(("search_space.lr.low", "> 0 on a log scale"), {"search_space.lr.low": 0.0}), id="log-low-0"),
+    pytest.param(Bad(("search_space.anneal_strategy.choices", "non-empty"), {"search_space.anneal_strategy": {"type": "categorical", "choices": []}}), id="empty-choices"),
+    pytest.param(Bad(("search_space.anneal_strategy.low", "categorical"), {"search_space.anneal_strategy": {"type": "categorical", "choices": ["cos"], "low": 1}}), id="categorical-low"),
+    pytest.param(Bad(("search_space.batch_size.low", "must be an integer"), {"search_space.batch_size": {"type": "int", "low": 16.5, "high": 64}}), id="int-float-bound"),
+    pytest.param(Bad(("search_space.batch_size.low", "power of two", "48"), {"search_space.batch_size.low": 48}), id="not-power-of-two"),
+    pytest.param(Bad(("search_space.lr.step", "log"), {"search_space.lr.step": 0.1}), id="step-with-log"),
+    pytest.param(Bad(("search_space.lr.type", "float, int, categorical", "uniform"), {"search_space.lr.type": "uniform"}), id="unknown-param-type"),
+    pytest.param(Bad(("search_space.lrr", "not a tunable trainer key"), {"search_space.lrr": {"type": "float", "low": 0.1, "high": 1.0}}), id="not-a-trainer-key"),
+    pytest.param(Bad(("search_space.lr", "also fixed in the trainer"), {"trainer.lr": 0.1}), id="fixed-and-searched"),
+    pytest.param(Bad(("trainer", "pct_start must be in (0, 1)", "1.5"), {"trainer.pct_start": 1.5}), id="trainer-invalid"),
+    pytest.param(Bad(("search_space.pct_start", "pct_start must be in (0, 1)", "1.0"), {"search_space.pct_start.high": 1.0}), id="range-invalid-for-trainer"),
+    pytest.param(Bad(("trainer", "unknown key 'epoch'"), {"trainer.epoch": 3}), id="trainer-unknown"),
+    pytest.param(Bad(("trainer.checkpoint_dir", "set by the service"), {"trainer.checkpoint_dir": "/tmp/x"}), id="trainer-checkpoint-dir"),
+    pytest.param(Bad(("study.sampler.name", "tpe", "'bayes'"), {"study.sampler.name": "bayes"}), id="unknown-sampler"),
+    pytest.param(Bad(("study.pruner.name", "hyperband", "'asha'"), {"study.pruner.name": "asha"}), id="unknown-pruner"),
+    pytest.param(Bad(("study.sampler.options.n_startup", "unknown option", "n_startup_trials"), {"study.sampler.options.n_startup": 3}), id="unknown-sampler-option"),
+    pytest.param(Bad(("study.pruner.options", "reduction_factor"), {"study.pruner.options.reduction_factor": 1}), id="bad-pruner-option"),
+    pytest.param(Bad(("resources.time", "not a duration", "ten minutes"), {"resources.time": "ten minutes"}), id="bad-time"),
+    pytest.param(Bad(("study.timeout", "positive duration"), {"study.timeout": "0m"}), id="zero-timeout"),
+    pytest.param(Bad(("resources.cpus_per_task", "must be >= 1", "-2"), {"resources.cpus_per_task": -2}), id="negative-cpus"),
+    pytest.param(Bad(("resources.executor", "local, slurm", "'cloud'"), {"resources.executor": "cloud"}), id="executor-cloud"),
+    pytest.param(Bad(("resources.nodes", "local executor"), {"resources.nodes": 2}), id="local-two-nodes"),
+    pytest.param(Bad(("study.name", "may contain only"), {"study.name": "my study"}), id="name-space"),
+    pytest.param(Bad(("study.name", "may contain only", "$(rm -rf /)"), {"study.name": "x$(rm -rf /)"}), id="name-subshell"),
+    pytest.param(Bad(("study.name", "may contain only"), {"study.name": "a;b"}), id="name-semicolon"),
+    pytest.param(Bad(("resources.partition", "may contain only"), {"resources.partition": "gpu'"}), id="partition-quote"),
+    pytest.param(Bad(("resources.constraint", "not a Slurm constraint"), {"resources.constraint": "a100 h100"}), id="constraint-space"),
+    pytest.param(Bad(("resources.setup[1]", "single line"), {"resources.setup": ["module load cuda", "echo a\necho b"]}), id="setup-newline"),
+    pytest.param(Bad(("resources.sbatch.Mail-Type", "long option name"), {"resources.sbatch": {"Mail-Type": "END"}}), id="sbatch-uppercase"),
+    pytest.param(Bad(("resources.sbatch.mail type", "long option name"), {"resources.sbatch": {"mail type": "END"}}), id="sbatch-space"),
+    pytest.param(Bad(("resources.sbatch.comment", "single line"), {"resources.sbatch": {"comment": "a\n#SBATCH --x"}}), id="sbatch-value-newline"),
+    pytest.param(Bad(("study.enqueue[0]", "'momentum' is not in search_space"), {"study.enqueue": [{"lr": 0.1, "momentum": 0.5}]}), id="enqueue-unsearched"),
+    pytest.param(Bad(("study.enqueue[0]", "pct_start"), {"study.enqueue": [{"pct_start": 2.0}]}), id="enqueue-invalid-value"),
+    pytest.param(Bad(("(--set study.enqueue)", "study.enqueue[0]", "'momentum'"), args=("--set", "study.enqueue=[{momentum: 0.5}]")), id="set-enqueue-unsearched"),
+    pytest.param(
+        Bad(("study.enqueue[0]", "batch_size"), {"study.enqueue": [{"batch_size": 96}]}),
+        id="enqueue-not-a-choice",
+    ),
+    pytest.param(Bad(("resources.account", UNSET, "is not set"), {"resources.account": "${" + UNSET + "}"}), id="unset-variable"),
+    pytest.param(Bad(("not valid YAML (line",), text="study: [unclosed\n"), id="not-yaml"),
+    pytest.param(Bad(("cannot read config file",), missing=True), id="missing-file"),
+    pytest.param(Bad(("cannot read config file", "directory"), directory=True), id="unreadable-file"),
+    pytest.param(Bad(("expected a mapping", "list"), text="- study\n- trainer\n"), id="top-level-list"),
+    pytest.param(Bad(("study", "section is missing"), text="trainer: {epochs: 1}\n"), id="no-study-section"),
+    pytest.param(Bad(("--set study.n_trials", "expected KEY.PATH=VALUE"), args=("--set", "study.n_trials"), names_file=False), id="set-without-equals"),
+    pytest.param(Bad(("(--set study.n_trials)", "study.n_trials", "must be >= 1"), args=("--set", "study.n_trials=0")), id="set-n-trials-0"),
+    pytest.param(Bad(("--set", "search_space.lr", "not a mapping"), args=("--set", "search_space.lr.low.x=1")), id="set-into-scalar"),
+    pytest.param(Bad(("(--set study.n_trials)", "must be >= 1"), args=("--n-trials", "0")), id="n-trials-flag-0"),
+    pytest.param(Bad(("--storage", "PGPASSWORD"), args=("--storage", "postgresql://u:secret@host/db"), names_file=False), id="storage-password"),
+    pytest.param(Bad(("study.storage", "unsupported scheme"), args=("--storage", "redis://host/0")), id="storage-scheme"),
+    # Without --dry-run, with the local executor: validation still stops everything.
+    pytest.param(Bad(("study.n_trials", "must be >= 1"), {"study.n_trials": 0}, dry_run=False), id="local-n-trials-0"),
+    pytest.param(Bad(("study.sampler.options.n_startup", "unknown option"), {"study.sampler.options.n_startup": 3}, dry_run=False), id="local-sampler-option"),
+    pytest.param(Bad(("study.pruner.options", "reduction_factor"), {"study.pruner.options.reduction_factor": 1}, dry_run=False), id="local-pruner-option"),
+    pytest.param(Bad(("search_space.lr.low", "> 0 on a log scale"), {"search_space.lr.low": -1.0}, dry_run=False), id="local-log-negative"),
+    pytest.param(Bad(("--workers", "must be >= 1"), args=("--workers", "0"), dry_run=False, names_file=False), id="local-workers-0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CORPUS)
+def test_bad_input_is_one_line_and_exit_2(case: Bad, tmp_path: Path) -> None:
+    workdir = tmp_path / "workdir"
+    path = tmp_path / "bad-study.yaml"
+    if case.text is not None:
+        path.write_text(case.text)
+    elif case.directory:
+        path.mkdir()
+    elif not case.missing:
+        document = base_document(workdir)
+        for key, value in case.edits.items():
+            set_key(document, key, value)
+        write_study(path, document)
+    mode = ("--dry-run",) if case.dry_run else ("--executor", "local")
+
+    proc = run_hpo("launch", str(path), *mode, *case.args, cwd=tmp_path)
+
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    line = lines[0]
+    assert line.startswith("hpo launch: error: "), line
+    if case.names_file:
+        assert str(path) in line, line
+    for expected in case.expect:
+        assert expected in line, f"{expected!r} not in {line!r}"
+    assert "secret" not in proc.stderr + proc.stdout
+    assert proc.stdout == ""
+    assert not workdir.exists()
+    assert not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. ${VAR} interpolation
+# --------------------------------------------------------------------------------------------------
+
+
+def test_interpolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HPO_TEST_ACCOUNT", "proj42")
+    monkeypatch.setenv("HPO_TEST_DIR", str(tmp_path / "studies"))
+    monkeypatch.setenv("HPO_TEST_PARTITION", "a100")  # wins over the default
+    monkeypatch.delenv(UNSET, raising=False)
+    document = {
+        "study": {"name": "interp", "storage": "journal:${HPO_TEST_DIR}/s.journal"},
+        "search_space": {"lr": {"type": "float", "low": 0.01, "high": 1.0}},
+        "resources": {
+            "account": "${HPO_TEST_ACCOUNT}",
+            "partition": "${HPO_TEST_PARTITION:-gpu}",
+            "qos": "${" + UNSET + ":-normal}",
+            "constraint": "${" + UNSET + ":-}h100",
+            "setup": ["echo $$HOME", "echo $${HPO_TEST_ACCOUNT} ${HPO_TEST_ACCOUNT}-$$"],
+        },
+    }
+    spec = load_study(write_study(tmp_path / "s.yaml", document))
+    assert spec.study.storage == f"journal:{tmp_path}/studies/s.journal"
+    assert spec.resources.account == "proj42"
+    assert spec.resources.partition == "a100"
+    assert spec.resources.qos == "normal"
+    assert spec.resources.constraint == "h100"
+    assert spec.resources.setup == ["echo $HOME", "echo ${HPO_TEST_ACCOUNT} proj42-$"]
+
+
+def test_unset_variable_names_it_and_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(UNSET, raising=False)
+    document = {"study": {"name": "interp"}, "resources": {"setup": ["true", "cd ${" + UNSET + "}"]}}
+    path = write_study(tmp_path / "s.yaml", document)
+    with pytest.raises(StudyFileError) as info:
+        load_study(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: resources.setup[1]: environment variable {UNSET} is not set")
+    assert "\n" not in message
+
+
+def test_interpolated_value_that_breaks_a_rule_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HPO_TEST_PARTITION", "gpu; rm -rf ~")
+    document = {"study": {"name": "interp"}, "resources": {"partition": "${HPO_TEST_PARTITION}"}}
+    with pytest.raises(StudyFileError, match=r"resources\.partition: may contain only"):
+        load_study(write_study(tmp_path / "s.yaml", document))
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. --set overrides
+# --------------------------------------------------------------------------------------------------
+
+
+def test_set_overrides_nested_keys(tmp_path: Path) -> None:
+    path = write_study(tmp_path / "s.yaml", base_document(tmp_path / "w"))
+    spec = load_study(path, ["study.n_trials=5", "search_space.lr.high=0.5"])
+    assert spec.study.n_trials == 5
+    assert spec.search_space["lr"].high == 0.5
+    assert spec.search_space["lr"].low == 0.01  # siblings kept
+
+
+def test_set_values_are_yaml(tmp_path: Path) -> None:
+    path = write_study(tmp_path / "s.yaml", base_document(tmp_path / "w"))
+    spec = load_study(
+        path,
+        [
+            "search_space.lr.low=1e-3",  # a float as in YAML 1.2 (a string in YAML 1.1)
+            "study.max_concurrent=3",
+            "resources.setup=[module load cuda, source env.sh]",
+            "study.sampler={name: random, seed: 7}",
+            "resources.sbatch.mail-type=END",  # a new key under a missing mapping
+            "resources.time=1:30:00",  # 90 minutes, not the sexagesimal 5400
+            "study.timeout=",  # empty: null
+        ],
+    )
+    assert spec.search_space["lr"].low == 1e-3 and isinstance(spec.search_space["lr"].low, float)
+    assert spec.study.max_concurrent == 3
+    assert spec.resources.setup == ["module load cuda", "source env.sh"]
+    assert (spec.study.sampler.name, spec.study.sampler.seed, spec.study.sampler.options) == ("random", 7, {})
+    assert spec.resources.sbatch == {"mail-type": "END"}
+    assert spec.resources.time_min == 90
+    assert spec.study.timeout is None
+
+
+def test_set_is_named_in_the_error(tmp_path: Path) -> None:
+    path = write_study(tmp_path / "s.yaml", base_document(tmp_path / "w"))
+    with pytest.raises(StudyFileError) as info:
+        load_study(path, ["search_space.lr.high=0.001"])
+    assert str(info.value).startswith(f"{path} (--set search_space.lr.high): search_space.lr.high: ")
+    with pytest.raises(StudyFileError, match=r"--set study\.n_trials=\[: the value is not valid YAML"):
+        load_study(path, ["study.n_trials=["])
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. Durations
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "minutes"),
+    [
+        ("90s", 1.5),
+        ("30m", 30),
+        ("2h", 120),
+        ("1d", 1440),
+        ("1.5h", 90),
+        (20, 20),
+        ("20", 20),
+        (2.5, 2.5),
+        ("01:30:00", 90),
+        ("1:30:00", 90),
+        ("45:00", 45),  # minutes:seconds, as Slurm reads it
+        ("1-00:00:00", 1440),
+        ("2-12", 3600),  # days-hours
+        ("1-02:30", 1590),  # days-hours:minutes
+    ],
+)
+def test_parse_duration_min(value: str | int | float, minutes: float) -> None:
+    assert parse_duration_min("time", value) == pytest.approx(minutes)
+
+
+@pytest.mark.parametrize("value", ["ten minutes", "", "5 weeks", "1:2:3:4", "-5m", 0, "0", -3, True])
+def test_parse_duration_min_rejects(value: Any) -> None:
+    with pytest.raises(_KeyProblem) as info:
+        parse_duration_min("time", value)
+    assert info.value.path == "time"
+
+
+def test_time_in_a_file_is_read_as_yaml_1_2(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "study:\n  name: t\n  timeout: 2:00:00\nresources:\n  time: 1:30:00\n"
+        "search_space:\n  lr: {type: float, low: 0.01, high: 1.0}\n"
+    )
+    spec = load_study(path)
+    assert spec.resources.time == "1:30:00"
+    assert spec.resources.time_min == 90
+    assert spec.study.timeout_min == 120
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. Storage
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def quickstart_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.chdir(tmp_path)
+    return load_study(QUICKSTART)
+
+
+def test_default_storage_is_a_journal_in_the_workdir(quickstart_spec: Any, tmp_path: Path) -> None:
+    ref = resolve_storage(quickstart_spec, None, "s.yaml")
+    assert ref == StorageRef("journal", str(tmp_path / "runs" / "quickstart" / "optuna.journal"))
+    assert str(ref) == f"journal:{tmp_path}/runs/quickstart/optuna.journal"
+    assert resolve_storage(quickstart_spec, "", "s.yaml") == ref
+    assert not (tmp_path / "runs").exists()
+
+
+def test_journal_and_sqlite_paths_are_made_absolute(quickstart_spec: Any, tmp_path: Path) -> None:
+    assert str(resolve_storage(quickstart_spec, "journal:db/j.log", "s")) == f"journal:{tmp_path}/db/j.log"
+    assert str(resolve_storage(quickstart_spec, "sqlite:///db/s.db", "s")) == f"sqlite:///{tmp_path}/db/s.db"
+    with pytest.raises(StudyFileError, match="journal: needs a file path"):
+        resolve_storage(quickstart_spec, "journal:", "s")
+
+
+def test_password_in_url_moves_to_pgpassword(quickstart_spec: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGPASSWORD", "before")  # restored after the test
+    ref = resolve_storage(quickstart_spec, "postgresql://u:secret@host:5432/db", "s.yaml")
+    assert os.environ["PGPASSWORD"] == "secret"
+    assert ref.kind == "rdb"
+    assert mask(str(ref)) in ("postgresql://u@host:5432/db", "postgresql://u:***@host:5432/db")
+
+
+def test_storage_ref_carries_no_password(quickstart_spec: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGPASSWORD", "before")
+    ref = resolve_storage(quickstart_spec, "postgres://u:secret@host:5432/db", "s.yaml")
+    assert str(ref) == "postgresql://u@host:5432/db"
+    assert "secret" not in repr(ref)
+
+
+def test_mask_and_has_password() -> None:
+    assert mask("postgresql://u:secret@host/db") == "postgresql://u:***@host/db"
+    assert mask("postgresql://u@host/db") == "postgresql://u@host/db"
+    assert mask("journal:/a/b") == "journal:/a/b"
+    assert "secret" not in mask("not a url u:secret@host")
+    assert has_password("postgresql://u:secret@host/db")
+    assert not has_password("postgresql://u@host/db")
+    assert not has_password("journal:/x:y@z")
+
+
+# --------------------------------------------------------------------------------------------------
+# 7. The dry run of a Slurm study
+# --------------------------------------------------------------------------------------------------
+
+
+SLURM_DRY_RUN_SETTINGS = (
+    "resources.account=proj42",
+    "resources.qos=high",
+    "resources.constraint=a100|h100",
+    "resources.partition=gpu",
+    "resources.setup=[module load cuda/12.4, source $HOME/venv/bin/activate]",
+    "resources.sbatch={mail-type: END}",
+    "study.storage=postgresql://u:secret@db.example:5432/hpo",
+)
+
+
+def slurm_dry_run(tmp_path: Path, path_dirs: list[Path]) -> subprocess.CompletedProcess[str]:
+    """`hpo launch --executor slurm --dry-run` with only `path_dirs` on PATH (no sbatch there)."""
+    path = write_study(tmp_path / "s.yaml", base_document(tmp_path / "workdir"))
+    sets = [arg for setting in SLURM_DRY_RUN_SETTINGS for arg in ("--set", setting)]
+    env = {"PATH": os.pathsep.join(str(d) for d in path_dirs)}
+    return run_hpo("launch", str(path), "--executor", "slurm", "--dry-run", *sets, cwd=tmp_path, env=env)
+
+
+def test_slurm_dry_run_prints_the_sbatch_script(tmp_path: Path) -> None:
+    # submitit's SlurmExecutor looks for srun when it is created: a stub stands in for it, so
+    # that the test does not depend on the machine having Slurm. There is no sbatch on PATH.
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (stubs / "srun").chmod(0o755)
+    proc = slurm_dry_run(tmp_path, [Path(sys.executable).parent, stubs])
+
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for line in (
+        "#SBATCH --account=proj42",
+        "#SBATCH --qos=high",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --mail-type=END",
+        "#SBATCH --time=20",
+        "#SBATCH --job-name=hpo-quickstart",
+        "module load cuda/12.4",
+        "source $HOME/venv/bin/activate",
+    ):
+        assert line in out.splitlines(), f"{line!r} not in the dry run:\n{out}"
+    # submitit shell-quotes the expression; sbatch strips the quotes of #SBATCH lines.
+    assert "#SBATCH --constraint='a100|h100'" in out.splitlines()
+    srun = next(line for line in out.splitlines() if line.startswith("srun "))
+    assert "--kill-on-bad-exit=1" in srun
+    assert f"{tmp_path / 'workdir' / 'jobs'}" in srun
+    storage = next(line.strip() for line in out.splitlines() if line.strip().startswith("storage:"))
+    assert storage in (
+        "storage: postgresql://u:***@db.example:5432/hpo",
+        "storage: postgresql://u@db.example:5432/hpo",
+    )
+    assert "secret" not in out + proc.stderr
+    assert out.rstrip().endswith("# dry run: nothing submitted")
+    assert not (tmp_path / "workdir").exists()
+
+
+def test_slurm_dry_run_needs_no_slurm_commands(tmp_path: Path) -> None:
+    proc = slurm_dry_run(tmp_path, [Path(sys.executable).parent])
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --account=proj42" in proc.stdout.splitlines()
+
+
+def test_local_dry_run_submits_nothing(tmp_path: Path) -> None:
+    workdir = tmp_path / "workdir"
+    path = write_study(tmp_path / "s.yaml", base_document(workdir))
+    proc = run_hpo("launch", str(path), "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    resolved = yaml.safe_load(proc.stdout)  # the resolved study is YAML (the comments aside)
+    assert resolved["study"]["storage"] == f"journal:{workdir}/optuna.journal"
+    assert resolved["study"]["direction"] == "maximize"
+    assert resolved["resources"]["executor"] == "local"
+    assert "#SBATCH" not in proc.stdout
+    assert not workdir.exists()
+
+
+def test_base_document_is_valid(tmp_path: Path) -> None:
+    """The corpus's base file loads: each malformed case fails for its own edit only."""
+    document = base_document(tmp_path / "w")
+    spec = load_study(write_study(tmp_path / "s.yaml", copy.deepcopy(document)))
+    assert spec.workdir == tmp_path / "w"
