@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return train_main(argv[1:])
     args = build_parser().parse_args(argv)
+    # `kill` and Slurm's end of a launcher job send SIGTERM: stop as cleanly as on Ctrl-C.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return _run(args)
     except StudyFileError as err:
@@ -101,6 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"hpo {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -185,7 +192,7 @@ def _print_dry_run(spec: StudySpec, storage: StorageRef, executor: str) -> None:
     document = {
         "study": {**dataclasses.asdict(spec.study), "storage": mask(str(storage))},
         "search_space": {
-            name: {k: v for k, v in dataclasses.asdict(p).items() if v not in (None, False)}
+            name: {k: v for k, v in dataclasses.asdict(p).items() if v is not None and v is not False}
             for name, p in spec.search_space.items()
         },
         "trainer": spec.trainer,

@@ -81,9 +81,14 @@ def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Lo
     backend = check_reachable(storage, spec.source)
     study = study_lib.load(spec, backend, create=True)
     study_lib.check_direction(study, spec)
+    stored = len(study_lib.counted_trials(study))
+    # A relaunch continues the seeded sequence elsewhere instead of replaying its first proposals.
+    study_lib.reseed_sampler(study, spec, seed_stream=len(study.get_trials(deepcopy=False)))
     enqueued = study_lib.enqueue_first_trials(study, spec)
-    log(f"study {spec.study.name!r} in {mask(str(storage))}: {len(study_lib.counted_trials(study))} trials stored"
-        + (f", {enqueued} enqueued to run first" if enqueued else ""))  # fmt: skip
+    log(
+        f"study {spec.study.name!r} in {mask(str(storage))}: {stored} of {spec.study.n_trials} trials stored"
+        + (f", {enqueued} enqueued to run first" if enqueued else "")
+    )
     deadline = None if spec.study.timeout_min is None else time.time() + 60 * spec.study.timeout_min
     dispatcher = _Dispatcher(spec, storage, study, options, log, deadline)
     try:

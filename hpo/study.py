@@ -53,7 +53,11 @@ def _distribution(param: ParamSpec) -> BaseDistribution:
     return FloatDistribution(float(param.low or 0), float(param.high or 0), log=param.log, step=param.step)
 
 
-def build_sampler(sampler: SamplerSpec, max_concurrent: int, source: str) -> optuna.samplers.BaseSampler:
+def build_sampler(
+    sampler: SamplerSpec, max_concurrent: int, source: str, seed_stream: int = 0
+) -> optuna.samplers.BaseSampler:
+    """The study's sampler. ``seed_stream`` tells apart processes that sample from one study (a
+    relaunch, each --workers worker): with the same seed they would propose the same sequence."""
     import optuna
 
     classes: dict[str, Callable[..., optuna.samplers.BaseSampler]] = {
@@ -68,9 +72,10 @@ def build_sampler(sampler: SamplerSpec, max_concurrent: int, source: str) -> opt
         # Trials run in parallel: without the constant liar, TPE proposes near-copies of a point
         # whose result is not in yet.
         options.setdefault("constant_liar", True)
-    return _construct(
-        classes[sampler.name], {**options, "seed": sampler.seed}, f"{source}: study.sampler.options"
-    )
+    seed = sampler.seed
+    if seed is not None and seed_stream:
+        seed = (seed + 1_000_003 * seed_stream) % 2**32
+    return _construct(classes[sampler.name], {**options, "seed": seed}, f"{source}: study.sampler.options")
 
 
 def build_pruner(pruner: PrunerSpec, source: str) -> optuna.pruners.BasePruner:
@@ -122,6 +127,10 @@ def load(spec: StudySpec, storage: BaseStorage, *, create: bool) -> optuna.Study
             load_if_exists=True,
         )
     return optuna.load_study(study_name=spec.study.name, storage=storage, sampler=sampler, pruner=pruner)
+
+
+def reseed_sampler(study: optuna.Study, spec: StudySpec, seed_stream: int) -> None:
+    study.sampler = build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source, seed_stream)
 
 
 def check_direction(study: optuna.Study, spec: StudySpec) -> None:

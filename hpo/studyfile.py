@@ -45,6 +45,7 @@ PARAM_TYPES = ("float", "int", "categorical")
 
 # Names that end up in sbatch scripts, job names and file paths: no quoting needed anywhere.
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ACCOUNT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
 _SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9-]*$")
 _INTERPOLATION = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -266,9 +267,14 @@ class Resources:
         if self.mem_gb is not None and not self.mem_gb > 0:
             raise _KeyProblem("mem_gb", f"must be > 0, got {self.mem_gb!r}")
         parse_duration_min("time", self.time)
-        for key in ("partition", "account", "qos"):
+        for key in ("partition", "qos"):
             if getattr(self, key) is not None:
                 _safe_name(key, getattr(self, key))
+        # Jean Zay's accounts look like abc@a100.
+        if self.account is not None and not _ACCOUNT.fullmatch(self.account):
+            raise _KeyProblem(
+                "account", f"may contain only letters, digits, '.', '_', '-' and '@', got {self.account!r}"
+            )
         if self.constraint is not None and not re.fullmatch(r"[A-Za-z0-9_.\-&|\[\]*:()!]+", self.constraint):
             raise _KeyProblem("constraint", f"is not a Slurm constraint expression: {self.constraint!r}")
         for index, line in enumerate(self.setup):

@@ -249,6 +249,15 @@ class WorkerTask:
         import optuna
 
         study = study_lib.load(self.spec, open_storage(self.storage, create=False), create=False)
+        # Each worker samples its own sequence (same seed everywhere would mean the same proposals).
+        worker = (
+            os.environ.get("SLURM_ARRAY_TASK_ID")
+            or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
+            or str(os.getpid())
+        )
+        study_lib.reseed_sampler(
+            study, self.spec, seed_stream=1 + len(study.get_trials(deepcopy=False)) + 7919 * int(worker)
+        )
         space = study_lib.distributions(self.spec)
         ran = 0
         while len(study_lib.counted_trials(study)) < self.spec.study.n_trials:

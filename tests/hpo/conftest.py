@@ -52,7 +52,7 @@ def study_document(name: str, workdir: Path, **sections: Any) -> dict[str, Any]:
             "pruner": {"name": "successive_halving", "options": {"min_resource": 1, "reduction_factor": 2}},
             "n_trials": 8,
             "max_concurrent": 2,
-            "enqueue": [GOOD, {**GOOD, "lr": 0.2}, BAD, BAD],
+            "enqueue": [GOOD, {**GOOD, "lr": 0.2}, BAD, {**BAD, "weight_decay": 2e-4}],
         },
         "search_space": {
             "lr": {"type": "float", "low": 0.001, "high": 1.0, "log": True},
@@ -142,3 +142,10 @@ def max_overlap(trials: list[Any]) -> int:
         running += delta
         peak = max(peak, running)
     return peak
+
+
+def distinct_params(trials: list[Any]) -> bool:
+    """No two trials got the same parameters (a relaunch or a second worker must not replay a
+    seeded sampler's proposals)."""
+    keys = [tuple(sorted(t.params.items())) for t in trials]
+    return len(set(keys)) == len(keys)

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from tests.hpo.conftest import (
     GOOD,
     HPO,
     REPO,
+    distinct_params,
     load_trials,
     max_overlap,
     run_hpo,
@@ -43,6 +45,7 @@ def check_finished_study(trials: list[Any], n_trials: int, direction: str = "max
         assert trial.user_attrs["job_id"]
     assert all(len(t.intermediate_values) == 3 for t in complete)
     assert all(len(t.intermediate_values) < 3 for t in trials if t.state.name == "PRUNED")
+    assert distinct_params(trials)
     # Never more than max_concurrent in flight, and the launcher did keep 2 in flight.
     assert max_overlap(trials) == 2
 
@@ -158,6 +161,7 @@ def test_workers_on_a_fresh_postgresql_database_start_at_once_without_errors(
     assert all(t.state.name == "COMPLETE" for t in counted), [(t.number, t.user_attrs) for t in counted]
     # Surplus trials (several workers asking for the last slot at once) are closed unrun.
     assert all("started_at" not in t.user_attrs for t in trials if t.user_attrs.get("surplus"))
+    assert distinct_params(counted)
     workers = {t.user_attrs["job_id"] for t in counted}
     assert len(workers) >= 2, workers
     logs = list((Path(document["study"]["workdir"]) / "jobs").rglob("*_log.err"))
@@ -169,15 +173,22 @@ def test_workers_on_a_fresh_postgresql_database_start_at_once_without_errors(
 def test_relaunch_after_stopping_the_launcher_resumes_without_duplicates(
     tmp_path: Path, fresh_database: str, fashion_mnist_root: str
 ) -> None:
-    document = study_document("resume-study", tmp_path / "work", study={"n_trials": 6})
+    name = f"resume-{uuid.uuid4().hex[:8]}"  # sacct below is queried by job name
+    document = study_document(name, tmp_path / "work", study={"n_trials": 6})
+    document["trainer"]["max_steps_per_epoch"] = 40  # trials long enough to outlive the relaunch
     study_file = write_study(tmp_path / "study.yaml", document)
     args = [HPO, "launch", str(study_file), "--executor", "slurm", "--storage", fresh_database]
     launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
-    while True:  # stop it once a trial has finished and others are in flight
-        trials = _trials_or_none(document, fresh_database)
-        states = [t.state.name for t in trials or []]
-        if any(s in FINISHED for s in states) and "RUNNING" in states:
+    while True:  # stop it once a trial has finished and another has just been submitted
+        trials = _trials_or_none(document, fresh_database) or []
+        finished = [t for t in trials if t.state.name in FINISHED]
+        fresh = [
+            t
+            for t in trials
+            if t.state.name == "RUNNING" and "job_id" in t.user_attrs and not t.intermediate_values
+        ]
+        if finished and fresh:
             break
         assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()[0]
         time.sleep(0.5)
@@ -195,11 +206,12 @@ def test_relaunch_after_stopping_the_launcher_resumes_without_duplicates(
     assert len(trials) == 6
     assert {t.state.name for t in trials} <= FINISHED | {"FAIL"}
     assert not [t for t in trials if t.state.name == "FAIL" and t.number not in running_at_stop]
+    assert distinct_params(trials)
     # Exactly one Slurm job per trial: sacct knows no other job of this study.
     job_ids = [t.user_attrs["job_id"] for t in trials]
     assert len(set(job_ids)) == 6
     proc = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "JobID", "--name", "hpo-resume-study", "-S", "now-1hour"],
+        ["sacct", "-X", "-n", "-P", "-o", "JobID", "--name", f"hpo-{name}", "-S", "now-1hour"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert sorted(proc.stdout.split()) == sorted(job_ids)

@@ -1,0 +1,49 @@
+"""Launch-time problems that are the user's to fix: one line, exit status 2, nothing submitted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.hpo.conftest import HPO, REPO, study_document, write_study
+
+
+def launch(
+    study_file: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [HPO, "launch", str(study_file), *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_an_unreachable_storage_server_is_reported_before_anything_is_submitted(tmp_path: Path) -> None:
+    document = study_document("unreachable", tmp_path / "work")
+    study_file = write_study(tmp_path / "study.yaml", document)
+    # Nothing listens on port 1: the connection is refused at once.
+    proc = launch(study_file, "--storage", "postgresql://hpo@127.0.0.1:1/hpo")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(
+        f"hpo launch: error: {study_file}: study.storage: cannot open postgresql://hpo@127.0.0.1:1/hpo: "
+    )
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not (tmp_path / "work" / "jobs").exists()
+
+
+def test_slurm_executor_without_sbatch_names_the_local_executor(tmp_path: Path) -> None:
+    document = study_document("no-slurm", tmp_path / "work", resources={"executor": "slurm"})
+    study_file = write_study(tmp_path / "study.yaml", document)
+    # Only the virtual environment on PATH: no sbatch, as on a workstation without Slurm.
+    proc = launch(study_file, env={"PATH": str(Path(sys.executable).parent)})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert f"{study_file}: resources.executor: slurm, but there is no sbatch on this machine" in line
+    assert "executor: local" in line
+    assert not (tmp_path / "work").exists()
