@@ -46,8 +46,9 @@ train: setup
 	$(PY) -m trainer --config studies/trainer-fashion-mnist.yaml \
 		--checkpoint-dir runs/train --result-json runs/train/result.json
 
-bench: setup
+bench: setup cluster
 	$(PY) bench/throughput.py
+	$(PY) bench/dispatch.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

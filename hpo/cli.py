@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -104,6 +105,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"hpo {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as err:  # an unforeseen failure (database outage...): one line, not a traceback
+        if os.environ.get("HPO_DEBUG"):
+            raise
+        lines = [line for line in str(err).strip().splitlines() if line.strip()]
+        detail = lines[-1].strip() if lines else ""
+        print(
+            f"hpo {args.command}: error: {type(err).__name__}: {detail} (HPO_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_RUNTIME
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -114,13 +125,17 @@ def _run(args: argparse.Namespace) -> int:
     from hpo.storage import has_password, resolve_storage
     from hpo.studyfile import load_study
 
-    if args.storage is not None and has_password(args.storage):
-        raise StudyFileError("--storage: a password on the command line is visible to every user; "
-                             "put it in PGPASSWORD or ~/.pgpass")  # fmt: skip
+    command_line_urls = [args.storage] if args.storage is not None else []
+    command_line_urls += [o.partition("=")[2] for o in args.overrides if o.startswith("study.storage=")]
+    if any(has_password(url) for url in command_line_urls):
+        raise StudyFileError(
+            "--storage: a password on the command line is visible to every user; put it in "
+            "PGPASSWORD or ~/.pgpass"
+        )
     overrides = list(args.overrides)
-    if args.storage is not None:
-        overrides.append(f"study.storage={args.storage}")
+    labels = {}  # names the option behind an override in error messages
     for flag, key in (
+        ("storage", "study.storage"),
         ("executor", "resources.executor"),
         ("n_trials", "study.n_trials"),
         ("max_concurrent", "study.max_concurrent"),
@@ -128,8 +143,11 @@ def _run(args: argparse.Namespace) -> int:
         value = getattr(args, flag, None)
         if value is not None:
             overrides.append(f"{key}={value}")
-    spec = load_study(args.study_file, overrides)
+            labels[key] = "--" + flag.replace("_", "-")
+    spec = load_study(args.study_file, overrides, labels)
     storage = resolve_storage(spec, spec.study.storage, spec.source)
+    # The study file is pickled into every job: it must carry the URL without its password.
+    spec.study.storage = str(storage)
     if args.command == "launch":
         return _launch(args, spec, storage)
 

@@ -8,9 +8,11 @@ job handles from stored job ids when a launcher resumes a study.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,9 +40,15 @@ def check_executor_available(spec: StudySpec, executor: str) -> None:
 
 
 def make_executor(
-    spec: StudySpec, executor: str, *, job_name: str, array_parallelism: int | None = None
+    spec: StudySpec,
+    executor: str,
+    *,
+    job_name: str,
+    array_parallelism: int | None = None,
+    time_min: int | None = None,
 ) -> Any:
-    """A submitit executor whose jobs get the study's per-trial resources."""
+    """A submitit executor whose jobs get the study's per-trial resources (``time_min`` overrides
+    the time limit, for --workers jobs that run many trials)."""
     import submitit
 
     folder = jobs_folder(spec)
@@ -50,22 +58,24 @@ def make_executor(
     if executor == "local":
         local = submitit.LocalExecutor(folder=folder / "%j", python=python)
         local.update_parameters(
-            timeout_min=res.time_min,
+            timeout_min=time_min or res.time_min,
             tasks_per_node=res.tasks_per_node,
             gpus_per_node=res.gpus_per_node,
             setup=list(res.setup),
         )
         return local
     slurm = submitit.SlurmExecutor(folder=folder / "%j", python=python)
-    slurm.update_parameters(**slurm_parameters(spec, job_name, array_parallelism))
+    slurm.update_parameters(**slurm_parameters(spec, job_name, array_parallelism, time_min))
     return slurm
 
 
-def slurm_parameters(spec: StudySpec, job_name: str, array_parallelism: int | None = None) -> dict[str, Any]:
+def slurm_parameters(
+    spec: StudySpec, job_name: str, array_parallelism: int | None = None, time_min: int | None = None
+) -> dict[str, Any]:
     res = spec.resources
     params: dict[str, Any] = {
         "job_name": job_name,
-        "time": res.time_min,
+        "time": time_min or res.time_min,
         "nodes": res.nodes,
         "ntasks_per_node": res.tasks_per_node,
         "cpus_per_task": res.cpus_per_task,
@@ -119,11 +129,61 @@ def local_process_alive(job_id: str) -> bool:
     return b"submitit" in cmdline
 
 
-def slurm_state(job: Any) -> str:
-    """The job's Slurm state word (``COMPLETED``, ``CANCELLED``, ...; ``UNKNOWN`` if sacct cannot tell)."""
-    state = str(job.state or "UNKNOWN").split()[0]
-    return state
+class SlurmStates:
+    """Slurm states of the study's jobs, from one ``sacct`` call for all of them every few seconds.
+
+    submitit's own ``done()`` polls sacct at most every 10 minutes once a job is old, and counts
+    SUSPENDED as done and a job that sacct no longer shows (UNKNOWN) as running: neither fits a
+    launcher that must notice a dead trial job quickly and never fail a suspended one.
+    """
+
+    def __init__(self, refresh_s: float = 10.0, unknown_grace_s: float = 300.0) -> None:
+        self.refresh_s = refresh_s
+        self.unknown_grace_s = unknown_grace_s
+        self._last_refresh = float("-inf")
+        self._unknown_since: dict[str, float] = {}
+
+    def ended(self, job: Any) -> bool:
+        """Whether the job will run no more: its rank 0 left a result, or Slurm says it ended."""
+        if Path(job.paths.result_pickle).exists():
+            return True
+        now = time.monotonic()
+        if now - self._last_refresh >= self.refresh_s:
+            job.watcher.update()  # one sacct for every job registered with submitit's watcher
+            self._last_refresh = now
+        state = self.state(job)
+        if state == "UNKNOWN":
+            # Not in sacct (yet, or any more): gone for good only after a grace period.
+            first_seen = self._unknown_since.setdefault(str(job.job_id), now)
+            return now - first_seen > self.unknown_grace_s
+        self._unknown_since.pop(str(job.job_id), None)
+        return state in _SLURM_ENDED
+
+    @staticmethod
+    def state(job: Any) -> str:
+        """The job's Slurm state word (``COMPLETED``, ``CANCELLED``, ...; ``UNKNOWN`` if sacct cannot tell)."""
+        return str(job.watcher.get_state(str(job.job_id), mode="cache") or "UNKNOWN").split()[0].upper()
 
 
-def slurm_state_ended(state: str) -> bool:
-    return state in _SLURM_ENDED
+def error_line(spec: StudySpec, job_id: str, tasks: int) -> str:
+    """The most telling line of a job's task logs: the last exception line of the first task that
+    has one, else the last line of rank 0's log (read directly: submitit's ``exception()`` waits
+    up to 15 s per task for a result that a killed job never writes)."""
+    from submitit.core.utils import JobPaths
+
+    last = ""
+    for task in range(max(1, tasks)):
+        path = JobPaths(jobs_folder(spec) / "%j", job_id, task).stderr
+        try:
+            lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            continue
+        errors = [line for line in lines if _EXCEPTION_LINE.match(line)]
+        if errors:
+            return errors[-1]
+        if task == 0 and lines:
+            last = lines[-1]
+    return last
+
+
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|slurmstepd: error)\b")

@@ -2,19 +2,21 @@
 
 Asynchronous dispatch: the moment a trial ends, the next one is asked and submitted; there are no
 synchronous batches leaving GPUs idle. A trial's end is seen in the storage, where the trial
-process told it (fast, no sacct round trip); a job that died without telling is seen through
-submitit (result file, then sacct) and its trial is failed with the job's state as the reason.
+process told it (fast, no sacct round trip); a job that died without telling is seen through its
+result file or Slurm's state, and its trial is failed with that state as the reason.
 
 Relaunching a study resumes it: the budget counts the trials already stored, and trials still
-running in Slurm jobs are re-attached through the job ids stored on them, never submitted twice.
+running in jobs are re-attached through the job ids stored on them, never submitted twice.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from hpo import executors
@@ -39,31 +41,15 @@ class LaunchOptions:
 
 @dataclasses.dataclass
 class _InFlight:
+    """A trial whose job this launcher watches."""
+
     number: int
     trial_id: int
     job_id: str
     executor: str
+    tasks: int
     job: Any = None
-    """The submitit job, or None for a local process re-attached by pid."""
-
-    def ended(self) -> bool:
-        if self.job is not None:
-            return bool(self.job.done())
-        return not executors.local_process_alive(self.job_id)
-
-    def end_reason(self) -> str:
-        if self.job is None:
-            return f"local process {self.job_id} exited without telling a result"
-        state = executors.slurm_state(self.job) if self.executor == "slurm" else "exited"
-        detail = ""
-        try:
-            error = self.job.exception()
-        except Exception as err:  # submitit raises when the job left no result at all
-            error = err
-        if error is not None:
-            lines = [line for line in str(error).strip().splitlines() if line.strip()]
-            detail = f": {lines[-1].strip()}" if lines else ""
-        return f"job {self.job_id} {state} without telling a result{detail}"
+    """The submitit job; None for a local process re-attached by pid after a relaunch."""
 
 
 @dataclasses.dataclass
@@ -102,6 +88,18 @@ def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Lo
     return summarize(study, log)
 
 
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while a job is submitted and its id stored: a launcher stopped in
+    between would leave a job that no stored trial points to."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class _Dispatcher:
     def __init__(
         self,
@@ -118,8 +116,10 @@ class _Dispatcher:
         self.options = options
         self.log = log
         self.deadline = deadline
+        self.started = time.time()
         self.space = study_lib.distributions(spec)
         self.in_flight: list[_InFlight] = []
+        self.slurm = executors.SlurmStates()
         self.best: float | None = None
 
     # --- per-trial jobs -----------------------------------------------------------------------
@@ -127,90 +127,128 @@ class _Dispatcher:
         executor = executors.make_executor(
             self.spec, self.options.executor, job_name=f"hpo-{self.spec.study.name}"
         )
-        self._reattach()
+        self._take_over_running_trials(per_trial=True)
         while True:
             self._collect_finished()
             budget_left = self.spec.study.n_trials - self._counted()
-            accepting = self.deadline is None or time.time() < self.deadline
+            accepting = self._accepting()
             while accepting and budget_left > 0 and len(self.in_flight) < self.spec.study.max_concurrent:
                 self._submit(executor)
                 budget_left -= 1
             if not self.in_flight and (budget_left <= 0 or not accepting):
                 if not accepting and budget_left > 0:
-                    self.log(f"timeout reached: {budget_left} trials of the budget not started")
+                    self.log(f"stopped early: {budget_left} trials of the budget not started")
                 return
             time.sleep(self.options.poll_interval_s)
+
+    def _accepting(self) -> bool:
+        """Whether new trials may start: not past the timeout, no `hpo cancel` since this launch."""
+        if self.deadline is not None and time.time() >= self.deadline:
+            return False
+        return study_lib.cancel_requested_at(self.study) < self.started
 
     def _submit(self, executor: Any) -> None:
         import optuna
 
-        trial = self.study.ask(self.space)
-        trial.set_user_attr(study_lib.ATTR_EXECUTOR, self.options.executor)
-        trial.set_user_attr(study_lib.ATTR_ASKED_AT, now_iso())
-        task = TrialTask(self.spec, self.storage, trial.number, dict(trial.params), self.options.objective)
-        try:
-            job = executor.submit(task)
-        except Exception as err:
-            reason = f"submission failed: {str(err).strip().splitlines()[-1] if str(err).strip() else err!r}"
-            trial.set_user_attr(study_lib.ATTR_FAIL_REASON, reason)
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            raise LaunchError(f"trial {trial.number}: {reason}") from None
-        trial.set_user_attr(study_lib.ATTR_JOB_ID, str(job.job_id))
-        self.in_flight.append(
-            _InFlight(trial.number, trial._trial_id, str(job.job_id), self.options.executor, job)
+        with _signals_deferred():
+            trial = self.study.ask(self.space)
+            trial.set_user_attr(study_lib.ATTR_EXECUTOR, self.options.executor)
+            trial.set_user_attr(study_lib.ATTR_ASKED_AT, now_iso())
+            task = TrialTask(
+                self.spec, self.storage, trial.number, dict(trial.params), self.options.objective
+            )
+            try:
+                job = executor.submit(task)
+            except Exception as err:
+                reason = f"submission failed: {_last_line(err)}"
+                trial.set_user_attr(study_lib.ATTR_FAIL_REASON, reason)
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise LaunchError(f"trial {trial.number}: {reason}") from None
+            # A trial that fails within a second may have told already: its attributes are frozen.
+            with contextlib.suppress(RuntimeError):
+                trial.set_user_attr(study_lib.ATTR_JOB_ID, str(job.job_id))
+        entry = _InFlight(
+            trial.number,
+            trial._trial_id,
+            str(job.job_id),
+            self.options.executor,
+            self.spec.resources.world_size,
+            job,
         )
+        self.in_flight.append(entry)
         self.log(
             f"trial {trial.number} submitted as {self.options.executor} job {job.job_id}: {study_lib.format_params(trial.params)}"
         )
 
-    def _reattach(self) -> None:
-        """Take over the trials a previous launcher left running; fail those whose job is gone."""
+    def _take_over_running_trials(self, per_trial: bool) -> set[str]:
+        """Deal with the trials a previous launcher left RUNNING: re-attach per-trial jobs that
+        still run (``per_trial``), fail those whose job is gone. Returns the job ids of live workers."""
         import optuna
 
+        live_workers: set[str] = set()
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             executor = trial.user_attrs.get(study_lib.ATTR_EXECUTOR)
             job_id = trial.user_attrs.get(study_lib.ATTR_JOB_ID)
-            if executor not in ("slurm", "local"):
-                continue  # a --workers trial: its worker job tells it
             if job_id is None:
-                self._fail(
-                    trial.number,
-                    trial._trial_id,
-                    "never submitted: the launcher stopped between ask and submit",
-                )
-                continue
-            job = executors.slurm_job(self.spec, str(job_id)) if executor == "slurm" else None
-            entry = _InFlight(trial.number, trial._trial_id, str(job_id), executor, job)
-            self.in_flight.append(entry)
-            self.log(f"trial {trial.number} re-attached to {executor} job {job_id}")
+                if executor in ("slurm", "local"):
+                    self._fail(
+                        trial.number,
+                        trial._trial_id,
+                        "never submitted: the launcher stopped between ask and submit",
+                    )
+                continue  # a worker's trial between ask and start: its worker tells it
+            job_id = str(job_id)
+            kind = str(trial.user_attrs.get(study_lib.ATTR_JOB_KIND, executor))
+            entry = _InFlight(trial.number, trial._trial_id, job_id, kind, self.spec.resources.world_size)
+            if kind == "slurm":
+                entry.job = executors.slurm_job(self.spec, job_id)
+            if self._ended(entry):
+                self._fail(trial.number, trial._trial_id, self._end_reason(entry))
+            elif executor == "worker":
+                live_workers.add(job_id)
+            elif per_trial:
+                self.in_flight.append(entry)
+                self.log(f"trial {trial.number} re-attached to {kind} job {job_id}")
+        return live_workers
+
+    def _ended(self, entry: _InFlight) -> bool:
+        if entry.job is None:
+            return not executors.local_process_alive(entry.job_id)
+        if entry.executor == "slurm":
+            return self.slurm.ended(entry.job)
+        return bool(entry.job.done())
+
+    def _end_reason(self, entry: _InFlight) -> str:
+        if entry.job is None:
+            return f"local process {entry.job_id} exited without telling a result"
+        state = self.slurm.state(entry.job) if entry.executor == "slurm" else "exited"
+        detail = executors.error_line(self.spec, entry.job_id, entry.tasks)
+        return f"job {entry.job_id} {state} without telling a result" + (f": {detail}" if detail else "")
 
     def _collect_finished(self) -> None:
         storage = self.study._storage  # reads through the study's own connection pool
         for entry in list(self.in_flight):
             frozen = storage.get_trial(entry.trial_id)
-            if frozen.state.is_finished():
-                self._report(frozen)
-                self.in_flight.remove(entry)
-            elif entry.ended():
+            if not frozen.state.is_finished() and self._ended(entry):
                 # The trial process may have told its result just before exiting.
+                if not storage.get_trial(entry.trial_id).state.is_finished():
+                    self._fail(entry.number, entry.trial_id, self._end_reason(entry))
                 frozen = storage.get_trial(entry.trial_id)
-                if not frozen.state.is_finished():
-                    self._fail(entry.number, entry.trial_id, entry.end_reason())
-                    frozen = storage.get_trial(entry.trial_id)
+            if frozen.state.is_finished():
                 self._report(frozen)
                 self.in_flight.remove(entry)
 
     def _fail(self, number: int, trial_id: int, reason: str) -> None:
         import optuna
 
-        storage = self.study._storage
-        storage.set_trial_user_attr(trial_id, study_lib.ATTR_FAIL_REASON, reason)
-        with contextlib.suppress(RuntimeError, ValueError):  # told by its own process meanwhile
+        # Both raise if the trial's own process told it meanwhile: then its state stands.
+        with contextlib.suppress(RuntimeError, ValueError):
+            self.study._storage.set_trial_user_attr(trial_id, study_lib.ATTR_FAIL_REASON, reason)
             self.study.tell(number, state=optuna.trial.TrialState.FAIL)
 
     def _report(self, trial: optuna.trial.FrozenTrial) -> None:
         state = trial.state.name
-        if trial.state.name == "COMPLETE" and trial.value is not None:
+        if state == "COMPLETE" and trial.value is not None:
             better = self.best is None or (
                 trial.value > self.best
                 if self.spec.study.direction == "maximize"
@@ -237,41 +275,81 @@ class _Dispatcher:
 
     # --- --workers ----------------------------------------------------------------------------
     def run_workers(self, count: int) -> None:
-        import optuna
+        """Keep ``count`` worker jobs pulling trials until the budget is met. Workers that end
+        (time limit, failure) are replaced while trials remain, as long as a round makes progress."""
+        live = self._take_over_running_trials(per_trial=False)
+        if live:
+            self.log(f"{len(live)} workers of an earlier launch still run: {', '.join(sorted(live))}")
+        seen = {t.number for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()}
+        while self._counted() < self.spec.study.n_trials and self._accepting():
+            wanted = min(count - len(live), self.spec.study.n_trials - self._counted())
+            jobs = self._submit_workers(wanted) if wanted > 0 else []
+            finished_before = len(seen)
+            while not all(self._ended(_worker_entry(job, self.options.executor)) for job in jobs):
+                seen = self._report_new(seen)
+                time.sleep(self.options.poll_interval_s)
+            seen = self._report_new(seen)
+            self._fail_orphans(jobs)
+            seen = self._report_new(seen)
+            live = set()  # the earlier launch's workers are not waited for twice
+            if len(seen) == finished_before and self._counted() < self.spec.study.n_trials:
+                raise LaunchError(
+                    f"{len(jobs)} workers ended without finishing a trial; see their logs in {executors.jobs_folder(self.spec)}"
+                )
 
-        if self._counted() >= self.spec.study.n_trials:
-            return
+    def _submit_workers(self, count: int) -> list[Any]:
+        res = self.spec.resources
+        # Enough time for the worker's share of the budget, within the study's timeout if any.
+        share = math.ceil((self.spec.study.n_trials - self._counted()) / count)
+        time_min = res.worker_time_min or min(24 * 60, res.time_min * share)
+        if self.deadline is not None:
+            time_min = max(
+                res.time_min, min(time_min, math.ceil((self.deadline - time.time()) / 60) + res.time_min)
+            )
         executor = executors.make_executor(
             self.spec,
             self.options.executor,
             job_name=f"hpo-{self.spec.study.name}-worker",
             array_parallelism=count,
+            time_min=time_min,
         )
-        task = WorkerTask(self.spec, self.storage, self.deadline, self.options.objective)
-        with executor.batch():
-            jobs = [executor.submit(task) for _ in range(count)]
+        task = WorkerTask(
+            self.spec,
+            self.storage,
+            self.deadline,
+            self.options.objective,
+            started=self.started,
+            time_limit_min=time_min,
+        )
+        try:
+            with _signals_deferred(), executor.batch():
+                jobs = [executor.submit(task) for _ in range(count)]
+        except Exception as err:
+            raise LaunchError(f"worker submission failed: {_last_line(err)}") from None
         self.log(
-            f"{count} workers submitted as {self.options.executor} jobs {', '.join(str(j.job_id) for j in jobs)}"
+            f"{count} workers submitted as {self.options.executor} jobs {', '.join(str(j.job_id) for j in jobs)} ({time_min} min each)"
         )
-        seen: set[int] = {t.number for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()}
-        while True:
-            all_done = all(job.done() for job in jobs)
-            for trial in self.study.get_trials(deepcopy=False):
-                if trial.state.is_finished() and trial.number not in seen:
-                    seen.add(trial.number)
-                    if not trial.user_attrs.get(study_lib.ATTR_SURPLUS):
-                        self._report(trial)
-            if all_done:
-                break
-            time.sleep(self.options.poll_interval_s)
-        # A worker that died mid-trial leaves that trial RUNNING: fail it with the worker's state.
+        return jobs
+
+    def _report_new(self, seen: set[int]) -> set[int]:
+        for trial in self.study.get_trials(deepcopy=False):
+            if trial.state.is_finished() and trial.number not in seen:
+                seen.add(trial.number)
+                if not trial.user_attrs.get(study_lib.ATTR_SURPLUS):
+                    self._report(trial)
+        return seen
+
+    def _fail_orphans(self, jobs: list[Any]) -> None:
+        """A worker that died mid-trial leaves that trial RUNNING: fail it with the worker's end."""
+        import optuna
+
         by_id = {str(job.job_id): job for job in jobs}
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            job_id = str(trial.user_attrs.get(study_lib.ATTR_JOB_ID))
-            if job_id in by_id:
-                entry = _InFlight(trial.number, trial._trial_id, job_id, self.options.executor, by_id[job_id])
-                self._fail(trial.number, trial._trial_id, entry.end_reason())
-                self._report(self.study._storage.get_trial(trial._trial_id))
+            job = by_id.get(str(trial.user_attrs.get(study_lib.ATTR_JOB_ID)))
+            if job is not None:
+                self._fail(
+                    trial.number, trial._trial_id, self._end_reason(_worker_entry(job, self.options.executor))
+                )
 
     def report_interrupted(self) -> None:
         if not self.in_flight:
@@ -282,6 +360,15 @@ class _Dispatcher:
                      "re-attaches to them, `hpo cancel` stops them")  # fmt: skip
         else:
             self.log(f"launcher stopped while trials {numbers} ran; `hpo launch` again resumes the study")
+
+
+def _worker_entry(job: Any, executor: str) -> _InFlight:
+    return _InFlight(-1, -1, str(job.job_id), executor, 1, job)
+
+
+def _last_line(err: BaseException) -> str:
+    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else repr(err)
 
 
 def summarize(study: optuna.Study, log: Log = print) -> LaunchSummary:

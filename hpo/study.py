@@ -32,7 +32,10 @@ ATTR_FINISHED_AT = "finished_at"
 ATTR_EPOCHS = "epochs_completed"
 ATTR_IMAGES_PER_S = "images_per_s"
 ATTR_SURPLUS = "surplus"
+ATTR_JOB_KIND = "job_kind"
+"""slurm or local: where a --workers worker (executor "worker") runs."""
 # Study user attributes.
+STUDY_ATTR_CANCEL = "hpo_cancel_requested_at"
 STUDY_ATTR_ENQUEUED = "hpo_enqueued"
 
 
@@ -146,6 +149,12 @@ def check_direction(study: optuna.Study, spec: StudySpec) -> None:
 def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The trials that use up the budget: all of them, except surplus ones closed unrun."""
     return [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(ATTR_SURPLUS)]
+
+
+def cancel_requested_at(study: optuna.Study) -> float:
+    """When `hpo cancel` last ran on the study (unix time; 0 if never): launchers and workers
+    started before it take no new trial."""
+    return float(study.user_attrs.get(STUDY_ATTR_CANCEL, 0.0))
 
 
 def enqueue_first_trials(study: optuna.Study, spec: StudySpec) -> int:

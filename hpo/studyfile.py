@@ -244,6 +244,10 @@ class Resources:
     cpus_per_task: int = _field(1, "CPU cores per process (also the trainer's torch threads).")
     mem_gb: float | None = _field(None, "Memory per node in GB (default: the partition's).")
     time: str | int = _field("01:00:00", "Time limit of one trial's job (minutes, 30m, 2h, 1-00:00:00).")
+    worker_time: str | int | None = _field(
+        None,
+        "Time limit of a --workers job (default: time x its share of the trials, at most 24 h).",
+    )
     partition: str | None = _field(None, "Slurm partition.")
     account: str | None = _field(None, "Slurm account (--account).")
     qos: str | None = _field(None, "Slurm QoS (--qos).")
@@ -267,6 +271,8 @@ class Resources:
         if self.mem_gb is not None and not self.mem_gb > 0:
             raise _KeyProblem("mem_gb", f"must be > 0, got {self.mem_gb!r}")
         parse_duration_min("time", self.time)
+        if self.worker_time is not None:
+            parse_duration_min("worker_time", self.worker_time)
         for key in ("partition", "qos"):
             if getattr(self, key) is not None:
                 _safe_name(key, getattr(self, key))
@@ -295,6 +301,12 @@ class Resources:
     @property
     def time_min(self) -> int:
         return max(1, math.ceil(parse_duration_min("time", self.time)))
+
+    @property
+    def worker_time_min(self) -> int | None:
+        if self.worker_time is None:
+            return None
+        return max(1, math.ceil(parse_duration_min("worker_time", self.worker_time)))
 
     @property
     def world_size(self) -> int:

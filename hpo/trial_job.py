@@ -143,9 +143,19 @@ class TrialTask:
         study = study_lib.load(self.spec, open_storage(self.storage, create=False), create=False)
         trial = attach(study, self.trial_number)
         if trial is None:
-            print(f"trial {self.trial_number} is already finished in the study; nothing to run", flush=True)
+            message = f"trial {self.trial_number} is already finished in the study; nothing to run"
+            print(message, flush=True)
+            if self.spec.resources.world_size > 1:
+                # The other ranks are already starting to train: a failing rank 0 makes srun
+                # (--kill-on-bad-exit) end them now rather than after the DDP timeout.
+                raise TrialAlreadyFinished(message)
             return {"rank": 0, "skipped": True}
         return run_attached(self.spec, study, trial, self.objective)
+
+
+class TrialAlreadyFinished(RuntimeError):
+    """A trial job started for a trial that the study already holds as finished (a requeued job
+    whose trial the launcher failed meanwhile)."""
 
 
 def attach(study: optuna.Study, trial_number: int) -> optuna.Trial | None:
@@ -208,7 +218,9 @@ def _one_line(err: BaseException) -> str:
 
 def job_identity() -> dict[str, str]:
     """The Slurm job id and node list of this process (or the local controller's pid and host)."""
-    if "SLURM_JOB_ID" in os.environ:
+    # submitit says which executor started us: a local trial on an interactive Slurm node also
+    # sees SLURM_JOB_ID, which is not its job.
+    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
         array = os.environ.get("SLURM_ARRAY_JOB_ID")
         job_id = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ["SLURM_JOB_ID"]
         return {study_lib.ATTR_JOB_ID: job_id, study_lib.ATTR_NODES: os.environ.get("SLURM_JOB_NODELIST", "")}
@@ -233,7 +245,9 @@ def _export_rank_environment() -> int:
             MASTER_PORT=str(dist_env.master_port),
         )
         return dist_env.rank
-    return int(os.environ.get("SLURM_PROCID", "0")) if "SLURM_STEP_NUM_TASKS" in os.environ else 0
+    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        return int(os.environ.get("SLURM_PROCID", "0"))
+    return 0
 
 
 @dataclasses.dataclass
@@ -244,10 +258,17 @@ class WorkerTask:
     storage: StorageRef
     deadline_unix: float | None = None
     objective: Objective = dataclasses.field(default_factory=TrainerObjective)
+    started: float = 0.0
+    """When the launcher started: an `hpo cancel` after it stops the worker."""
+    time_limit_min: float | None = None
+    """The worker job's time limit: no trial is started that could not end within it."""
 
     def __call__(self) -> dict[str, Any]:
         import optuna
+        from submitit.core.utils import UncompletedJobError
 
+        job_started = time.time()
+        longest_trial_s = 0.0
         study = study_lib.load(self.spec, open_storage(self.storage, create=False), create=False)
         # Each worker samples its own sequence (same seed everywhere would mean the same proposals).
         worker = (
@@ -263,6 +284,16 @@ class WorkerTask:
         while len(study_lib.counted_trials(study)) < self.spec.study.n_trials:
             if self.deadline_unix is not None and time.time() >= self.deadline_unix:
                 break
+            if study_lib.cancel_requested_at(study) >= self.started:
+                break
+            if self.time_limit_min is not None:
+                left_s = job_started + 60 * self.time_limit_min - time.time()
+                if left_s < 1.2 * longest_trial_s + 60:
+                    print(
+                        f"worker stops: {left_s:.0f} s left, the longest trial took {longest_trial_s:.0f} s",
+                        flush=True,
+                    )
+                    break
             trial = study.ask(space)
             # Several workers may ask at the same moment for the last slot: the trial numbers
             # decide, and a surplus trial is closed unrun so that the budget is exact.
@@ -272,9 +303,14 @@ class WorkerTask:
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 break
             trial.set_user_attr(study_lib.ATTR_EXECUTOR, "worker")
+            trial.set_user_attr(study_lib.ATTR_JOB_KIND, os.environ.get("SUBMITIT_EXECUTOR", "local"))
+            trial_started = time.time()
             try:
                 run_attached(self.spec, study, trial, self.objective)
+            except UncompletedJobError:
+                raise  # the job is at its time limit or preempted: no further trial
             except Exception:
                 traceback.print_exc()  # recorded as FAIL with its reason; the worker goes on
+            longest_trial_s = max(longest_trial_s, time.time() - trial_started)
             ran += 1
         return {"trials_run": ran}

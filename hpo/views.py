@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import shlex
+import signal
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +16,7 @@ from hpo import study as study_lib
 from hpo.errors import LaunchError, StudyFileError
 from hpo.storage import StorageRef, mask, open_storage
 from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig
+from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
     import optuna
@@ -74,7 +79,10 @@ def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
         best = study.best_trial
     except ValueError:
         raise LaunchError(f"study {spec.study.name!r} has no completed trial yet") from None
-    config = spec.trainer_config(best.params)
+    try:
+        config = spec.trainer_config(best.params)
+    except ConfigError as err:  # the study file's trainer section changed since the trial ran
+        raise StudyFileError(f"{spec.source}: trainer: {err}") from None
     lines = [
         f"best trial {best.number}: {spec.study.metric}={best.value:.4f} "
         f"(job {best.user_attrs.get(study_lib.ATTR_JOB_ID, '-')})",
@@ -103,36 +111,34 @@ def full_training_command(config: TrainConfig) -> str:
 
 
 def cancel(spec: StudySpec, study: optuna.Study) -> list[str]:
-    """Cancel the running trials' jobs and fail the trials, so that nothing stays RUNNING."""
+    """Stop the study: launchers and workers take no new trial, running trials' jobs are cancelled
+    and their trials failed, so that nothing stays RUNNING."""
     import optuna
 
+    study.set_user_attr(study_lib.STUDY_ATTR_CANCEL, time.time())
     lines = []
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         executor = trial.user_attrs.get(study_lib.ATTR_EXECUTOR)
+        kind = trial.user_attrs.get(study_lib.ATTR_JOB_KIND, executor)
         job_id = trial.user_attrs.get(study_lib.ATTR_JOB_ID)
         if job_id is not None:
-            _cancel_job(spec, executor, str(job_id))
-        study._storage.set_trial_user_attr(
-            trial._trial_id, study_lib.ATTR_FAIL_REASON, "cancelled by hpo cancel"
-        )
-        try:
+            _cancel_job(spec, kind, str(job_id))
+        # Both raise if the trial ended on its own meanwhile: then its state stands.
+        with contextlib.suppress(RuntimeError, ValueError):
+            study._storage.set_trial_user_attr(
+                trial._trial_id, study_lib.ATTR_FAIL_REASON, "cancelled by hpo cancel"
+            )
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-        except (RuntimeError, ValueError):
-            continue  # it ended on its own meanwhile
-        lines.append(
-            f"trial {trial.number}: cancelled {executor or ''} job {job_id or '-'}".replace("  ", " ")
-        )
-    return lines or ["no running trial"]
+            lines.append(f"trial {trial.number}: cancelled {kind} job {job_id or '-'}")
+    return lines or ["no running trial; launchers and workers of this study take no new trial"]
 
 
-def _cancel_job(spec: StudySpec, executor: Any, job_id: str) -> None:
-    if executor in ("slurm", "worker") and not job_id.isdigit() and "_" not in job_id:
-        return
-    if executor == "local" or (executor == "worker" and executors.local_process_alive(job_id)):
-        import os
-        import signal
-
+def _cancel_job(spec: StudySpec, kind: Any, job_id: str) -> None:
+    if kind == "local":
         if executors.local_process_alive(job_id):
             os.kill(int(job_id), signal.SIGINT)  # submitit's local controller forwards it to the tasks
         return
-    executors.slurm_job(spec, job_id).cancel(check=False)
+    try:
+        executors.slurm_job(spec, job_id).cancel(check=False)
+    except OSError as err:
+        raise LaunchError(f"cannot cancel Slurm job {job_id}: {err}") from None

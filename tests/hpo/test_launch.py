@@ -222,3 +222,73 @@ def _trials_or_none(document: dict[str, Any], storage: str) -> list[Any] | None:
         return load_trials(document, storage)
     except KeyError:  # the launcher has not created the study yet
         return None
+
+
+def test_a_password_in_the_study_file_reaches_no_file_log_or_script(
+    tmp_path: Path, fresh_database: str, monkeypatch: pytest.MonkeyPatch, fashion_mnist_root: str
+) -> None:
+    # The harness keeps the role's password in ~/.pgpass; here it travels the other supported
+    # way, interpolated into the study file's URL from an environment variable.
+    password = next(
+        line.rsplit(":", 1)[1]
+        for line in (Path.home() / ".pgpass").read_text().splitlines()
+        if line.startswith("127.0.0.1:5432:*:hpo:")
+    )
+    monkeypatch.setenv("HPO_TEST_DB_PASSWORD", password)
+    database = fresh_database.rsplit("/", 1)[1]
+    document = study_document(
+        "secret-study",
+        tmp_path / "work",
+        study={
+            "storage": f"postgresql://hpo:${{HPO_TEST_DB_PASSWORD}}@127.0.0.1:5432/{database}",
+            "n_trials": 1,
+            "max_concurrent": 1,
+            "enqueue": [GOOD],
+        },
+        resources={"executor": "slurm"},
+    )
+    study_file = write_study(tmp_path / "study.yaml", document)
+    proc = run_hpo("launch", str(study_file))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [trial] = load_trials(document, fresh_database)
+    assert trial.state.name == "COMPLETE"
+    assert _wait_for_sacct(trial.user_attrs["job_id"]) == "COMPLETED"
+    assert password not in proc.stdout + proc.stderr
+    files = [path for path in (tmp_path / "work").rglob("*") if path.is_file()]
+    assert any(path.name.endswith("_submitted.pkl") for path in files)
+    assert any(path.name.endswith("_submission.sh") for path in files)
+    for path in files:  # job pickles, the sbatch script, logs, checkpoints
+        assert password.encode() not in path.read_bytes(), path
+    status = run_hpo("status", str(study_file))
+    assert status.returncode == 0 and password not in status.stdout + status.stderr
+
+
+def test_cancel_stops_a_running_study_and_leaves_nothing_running(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    name = f"cancel-{uuid.uuid4().hex[:8]}"
+    document = study_document(
+        name, tmp_path / "work", study={"n_trials": 8, "enqueue": [], "pruner": {"name": "none"}}
+    )
+    document["trainer"].update(epochs=20, max_steps_per_epoch=40)  # minutes: cancelled long before
+    study_file = write_study(tmp_path / "study.yaml", document)
+    args = [HPO, "launch", str(study_file), "--executor", "slurm", "--storage", fresh_database]
+    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while True:  # wait until two trials are running in their jobs
+        trials = _trials_or_none(document, fresh_database) or []
+        if sum(1 for t in trials if t.state.name == "RUNNING" and t.intermediate_values) == 2:
+            break
+        assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()[0]
+        time.sleep(0.5)
+    proc = run_hpo("cancel", str(study_file), "--storage", fresh_database)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(re.findall(r"^trial \d+: cancelled slurm job \d+$", proc.stdout, re.M)) == 2, proc.stdout
+    # The launcher takes no new trial after a cancel, and ends.
+    output = launcher.communicate(timeout=120)[0]
+    assert launcher.returncode == 1, output  # no trial completed
+    trials = load_trials(document, fresh_database)
+    assert len(trials) == 2 and all(t.state.name == "FAIL" for t in trials), output
+    assert all(t.user_attrs["fail_reason"] == "cancelled by hpo cancel" for t in trials)
+    for trial in trials:
+        assert _wait_for_sacct(trial.user_attrs["job_id"]).startswith("CANCELLED")

@@ -188,8 +188,9 @@ CORPUS = [
     pytest.param(Bad(("--set study.n_trials", "expected KEY.PATH=VALUE"), args=("--set", "study.n_trials"), names_file=False), id="set-without-equals"),
     pytest.param(Bad(("(--set study.n_trials)", "study.n_trials", "must be >= 1"), args=("--set", "study.n_trials=0")), id="set-n-trials-0"),
     pytest.param(Bad(("--set", "search_space.lr", "not a mapping"), args=("--set", "search_space.lr.low.x=1")), id="set-into-scalar"),
-    pytest.param(Bad(("(--set study.n_trials)", "must be >= 1"), args=("--n-trials", "0")), id="n-trials-flag-0"),
+    pytest.param(Bad(("(--n-trials)", "study.n_trials", "must be >= 1"), args=("--n-trials", "0")), id="n-trials-flag-0"),
     pytest.param(Bad(("--storage", "PGPASSWORD"), args=("--storage", "postgresql://u:secret@host/db"), names_file=False), id="storage-password"),
+    pytest.param(Bad(("--storage", "PGPASSWORD"), args=("--set", "study.storage=postgresql://u:secret@host/db"), names_file=False), id="set-storage-password"),
     pytest.param(Bad(("study.storage", "unsupported scheme"), args=("--storage", "redis://host/0")), id="storage-scheme"),
     # Without --dry-run, with the local executor: validation still stops everything.
     pytest.param(Bad(("study.n_trials", "must be >= 1"), {"study.n_trials": 0}, dry_run=False), id="local-n-trials-0"),
@@ -438,26 +439,23 @@ SLURM_DRY_RUN_SETTINGS = (
     "resources.partition=gpu",
     "resources.setup=[module load cuda/12.4, source $HOME/venv/bin/activate]",
     "resources.sbatch={mail-type: END}",
-    "study.storage=postgresql://u:secret@db.example:5432/hpo",
 )
 
 
 def slurm_dry_run(tmp_path: Path, path_dirs: list[Path]) -> subprocess.CompletedProcess[str]:
     """`hpo launch --executor slurm --dry-run` with only `path_dirs` on PATH (no sbatch there)."""
-    path = write_study(tmp_path / "s.yaml", base_document(tmp_path / "workdir"))
+    document = base_document(tmp_path / "workdir")
+    # A password may come into the file's URL from the environment (never from the command line).
+    document["study"]["storage"] = "postgresql://u:${HPO_TEST_SECRET}@db.example:5432/hpo"
+    path = write_study(tmp_path / "s.yaml", document)
     sets = [arg for setting in SLURM_DRY_RUN_SETTINGS for arg in ("--set", setting)]
-    env = {"PATH": os.pathsep.join(str(d) for d in path_dirs)}
+    env = {"PATH": os.pathsep.join(str(d) for d in path_dirs), "HPO_TEST_SECRET": "secret"}
     return run_hpo("launch", str(path), "--executor", "slurm", "--dry-run", *sets, cwd=tmp_path, env=env)
 
 
 def test_slurm_dry_run_prints_the_sbatch_script(tmp_path: Path) -> None:
-    # submitit's SlurmExecutor looks for srun when it is created: a stub stands in for it, so
-    # that the test does not depend on the machine having Slurm. There is no sbatch on PATH.
-    stubs = tmp_path / "bin"
-    stubs.mkdir()
-    (stubs / "srun").write_text("#!/bin/sh\nexit 1\n")
-    (stubs / "srun").chmod(0o755)
-    proc = slurm_dry_run(tmp_path, [Path(sys.executable).parent, stubs])
+    # Only the virtual environment on PATH: no sbatch, no srun, as on a laptop.
+    proc = slurm_dry_run(tmp_path, [Path(sys.executable).parent])
 
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -485,12 +483,6 @@ def test_slurm_dry_run_prints_the_sbatch_script(tmp_path: Path) -> None:
     assert "secret" not in out + proc.stderr
     assert out.rstrip().endswith("# dry run: nothing submitted")
     assert not (tmp_path / "workdir").exists()
-
-
-def test_slurm_dry_run_needs_no_slurm_commands(tmp_path: Path) -> None:
-    proc = slurm_dry_run(tmp_path, [Path(sys.executable).parent])
-    assert proc.returncode == 0, proc.stderr
-    assert "#SBATCH --account=proj42" in proc.stdout.splitlines()
 
 
 def test_local_dry_run_submits_nothing(tmp_path: Path) -> None:
