@@ -13,6 +13,7 @@ environment), and every URL the service prints is masked. ``~/.pgpass`` works as
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -139,10 +140,25 @@ def open_storage(ref: StorageRef, *, create: bool) -> BaseStorage:
     )
 
 
+def _create_schema_with_retries(ref: StorageRef, attempts: int = 5) -> BaseStorage:
+    """Two launchers creating the schema of a fresh database at once: one's CREATE TABLE fails on
+    the other's; a retry then finds the tables and goes on."""
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    for attempt in range(attempts):
+        try:
+            return open_storage(ref, create=True)
+        except (IntegrityError, ProgrammingError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def check_reachable(ref: StorageRef, source: str) -> BaseStorage:
     """Open the storage for the launcher, creating its schema; a failure is a one-line error."""
     try:
-        return open_storage(ref, create=True)
+        return _create_schema_with_retries(ref)
     except Exception as err:  # the drivers raise many types; all mean "cannot use this storage"
         reason = str(getattr(err, "orig", None) or err).strip().splitlines()
         first = reason[0] if reason else type(err).__name__

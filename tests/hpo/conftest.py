@@ -116,7 +116,8 @@ def load_trials(document: dict[str, Any], storage: str | None = None) -> list[An
         path = Path(document["study"]["workdir"]) / "optuna.journal"
         backend: Any = optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     else:
-        backend = storage
+        # No schema creation from the test's side: racing the launcher's would fail one of them.
+        backend = optuna.storages.RDBStorage(storage, skip_table_creation=True, skip_compatibility_check=True)
     study = optuna.load_study(study_name=document["study"]["name"], storage=backend)
     return study.get_trials(deepcopy=False)
 

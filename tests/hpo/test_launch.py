@@ -11,7 +11,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
+import sqlalchemy.exc
 
 from tests.hpo.conftest import (
     GOOD,
@@ -220,7 +222,8 @@ def test_relaunch_after_stopping_the_launcher_resumes_without_duplicates(
 def _trials_or_none(document: dict[str, Any], storage: str) -> list[Any] | None:
     try:
         return load_trials(document, storage)
-    except KeyError:  # the launcher has not created the study yet
+    except (KeyError, sqlalchemy.exc.ProgrammingError, optuna.exceptions.StorageInternalError):
+        # The launcher has not created the schema or the study yet.
         return None
 
 
@@ -292,3 +295,35 @@ def test_cancel_stops_a_running_study_and_leaves_nothing_running(
     assert all(t.user_attrs["fail_reason"] == "cancelled by hpo cancel" for t in trials)
     for trial in trials:
         assert _wait_for_sacct(trial.user_attrs["job_id"]).startswith("CANCELLED")
+
+
+def test_a_trial_whose_job_is_killed_outside_the_service_is_failed_with_the_slurm_state(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    document = study_document(
+        "killed-study",
+        tmp_path / "work",
+        study={"n_trials": 1, "max_concurrent": 1, "enqueue": [GOOD], "pruner": {"name": "none"}},
+        resources={"executor": "slurm"},
+    )
+    document["trainer"].update(epochs=20, max_steps_per_epoch=40)
+    study_file = write_study(tmp_path / "study.yaml", document)
+    args = [HPO, "launch", str(study_file), "--storage", fresh_database]
+    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while True:  # wait until the trial has reported an epoch from its job
+        trials = _trials_or_none(document, fresh_database) or []
+        if trials and trials[0].intermediate_values:
+            break
+        assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()[0]
+        time.sleep(0.5)
+    job_id = trials[0].user_attrs["job_id"]
+    subprocess.run(["scancel", job_id], check=True, timeout=30)
+    output = launcher.communicate(timeout=120)[0]
+    assert launcher.returncode == 1, output  # its only trial failed
+    [trial] = load_trials(document, fresh_database)
+    assert trial.state.name == "FAIL"
+    assert trial.user_attrs["fail_reason"].startswith(f"job {job_id} CANCELLED without telling a result"), (
+        trial.user_attrs
+    )
+    assert f"trial 0 FAIL: job {job_id} CANCELLED" in output
