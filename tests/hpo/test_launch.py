@@ -222,8 +222,9 @@ def test_relaunch_after_stopping_the_launcher_resumes_without_duplicates(
 def _trials_or_none(document: dict[str, Any], storage: str) -> list[Any] | None:
     try:
         return load_trials(document, storage)
-    except (KeyError, sqlalchemy.exc.ProgrammingError, optuna.exceptions.StorageInternalError):
-        # The launcher has not created the schema or the study yet.
+    except (KeyError, sqlalchemy.exc.DBAPIError, optuna.exceptions.StorageInternalError):
+        # The launcher has not created the schema or the study yet (Optuna's RDBStorage creates
+        # its alembic_version table on every start, so a reader may also race the launcher's DDL).
         return None
 
 
