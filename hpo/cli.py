@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import hpo
 from hpo.errors import LaunchError, StudyFileError
@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch = commands.add_parser("launch", help="create or resume a study and run its trials")
     _study_arguments(launch)
     launch.add_argument("--executor", choices=("slurm", "local"), help="override resources.executor")
+    launch.add_argument("--backend", choices=("optuna", "ray"), help="override study.backend")
     launch.add_argument("--n-trials", type=int, help="override study.n_trials (the whole study's budget)")
     launch.add_argument("--max-concurrent", type=int, help="override study.max_concurrent")
     launch.add_argument(
@@ -137,6 +138,7 @@ def _run(args: argparse.Namespace) -> int:
     for flag, key in (
         ("storage", "study.storage"),
         ("executor", "resources.executor"),
+        ("backend", "study.backend"),
         ("n_trials", "study.n_trials"),
         ("max_concurrent", "study.max_concurrent"),
     ):
@@ -181,6 +183,8 @@ def _launch(args: argparse.Namespace, spec: StudySpec, storage: StorageRef) -> i
     if args.dry_run:
         _print_dry_run(spec, storage, executor)
         return 0
+    if spec.study.backend == "ray":
+        return _launch_ray(spec, storage, executor)
     executors.check_executor_available(spec, executor)
     if executor == "local":
         _check_local_data(spec)
@@ -188,6 +192,29 @@ def _launch(args: argparse.Namespace, spec: StudySpec, storage: StorageRef) -> i
     if summary.best_number is None:
         raise LaunchError(f"no trial of study {spec.study.name!r} completed; see `hpo status {spec.source}`")
     return 0
+
+
+def _launch_ray(spec: StudySpec, storage: StorageRef, executor: str) -> int:
+    from hpo import launcher
+    from hpo.ray_backend import driver
+
+    driver.check_ray_settings(spec)
+    if executor == "slurm":
+        raise StudyFileError(
+            f"{spec.source}: resources.executor: the Ray backend on Slurm is not built yet; use --executor local"
+        )
+    _check_local_data(spec)
+    driver.run(spec, storage)
+    study = views_study(spec, storage)
+    if launcher.summarize(study).best_number is None:
+        raise LaunchError(f"no trial of study {spec.study.name!r} completed; see `hpo status {spec.source}`")
+    return 0
+
+
+def views_study(spec: StudySpec, storage: StorageRef) -> Any:
+    from hpo import views
+
+    return views.open_study(spec, storage)
 
 
 def _check_local_data(spec: StudySpec) -> None:

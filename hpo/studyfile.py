@@ -41,6 +41,7 @@ METRICS = {
 SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes")
 PRUNERS = ("none", "median", "percentile", "successive_halving", "hyperband", "threshold")
 EXECUTORS = ("local", "slurm")
+BACKENDS = ("optuna", "ray")
 PARAM_TYPES = ("float", "int", "categorical")
 
 # Names that end up in sbatch scripts, job names and file paths: no quoting needed anywhere.
@@ -102,6 +103,11 @@ class StudySection:
     workdir: str | None = _field(
         None, "Folder for job logs, checkpoints and the embedded storage (default: runs/<name>)."
     )
+    backend: str = _field(
+        "optuna",
+        "optuna (the launcher submits each trial as a job) or ray (Ray Tune inside one allocation, "
+        "or a local Ray instance with the local executor).",
+    )
     metric: str = _field("val_accuracy", f"Objective, reported every epoch: one of {', '.join(METRICS)}.")
     direction: str | None = _field(None, "maximize or minimize (default: what the metric implies).")
     sampler: SamplerSpec = dataclasses.field(default_factory=SamplerSpec)
@@ -118,6 +124,7 @@ class StudySection:
 
     def check(self) -> None:
         _safe_name("name", self.name)
+        _one_of("backend", self.backend, BACKENDS)
         _one_of("metric", self.metric, tuple(METRICS))
         if self.direction is None:
             self.direction = METRICS[self.metric]

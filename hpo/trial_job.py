@@ -40,7 +40,7 @@ class Objective(Protocol):
     """Runs one trial's work on this rank; ``reporter`` is None on ranks other than 0."""
 
     def __call__(
-        self, spec: StudySpec, trial_number: int, params: dict[str, Any], reporter: Reporter | None
+        self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: Reporter | None
     ) -> ObjectiveResult: ...
 
 
@@ -48,14 +48,14 @@ class TrainerObjective:
     """The real objective: a short trainer run, checkpointed under the study's workdir."""
 
     def __call__(
-        self, spec: StudySpec, trial_number: int, params: dict[str, Any], reporter: Reporter | None
+        self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: Reporter | None
     ) -> ObjectiveResult:
         import torch
 
         from trainer import train
 
         torch.set_num_threads(spec.resources.cpus_per_task)
-        config = spec.trainer_config(params, checkpoint_dir=str(trial_dir(spec, trial_number) / "checkpoint"))
+        config = spec.trainer_config(params, checkpoint_dir=str(trial_dir(spec, trial_key) / "checkpoint"))
         result = train(config, reporter)
         last = result.history[-1] if result.history else None
         value = float(getattr(last, spec.study.metric)) if last is not None else float("nan")
@@ -81,7 +81,7 @@ class FixedDurationObjective:
     epochs: int = 3
 
     def __call__(
-        self, spec: StudySpec, trial_number: int, params: dict[str, Any], reporter: Reporter | None
+        self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: Reporter | None
     ) -> ObjectiveResult:
         import math
 
@@ -116,8 +116,8 @@ class OptunaReporter:
         return Decision.STOP if self.trial.should_prune() else Decision.CONTINUE
 
 
-def trial_dir(spec: StudySpec, trial_number: int) -> Any:
-    return spec.workdir / "trials" / str(trial_number)
+def trial_dir(spec: StudySpec, trial_key: int | str) -> Any:
+    return spec.workdir / "trials" / str(trial_key)
 
 
 def now_iso() -> str:

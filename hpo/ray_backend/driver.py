@@ -1,0 +1,225 @@
+"""The Ray Tune driver: the study's trials as Tune trials, written to the same Optuna storage.
+
+Ray Tune packs trials into one allocation and stops weak ones with its schedulers; Optuna (through
+Tune's ``OptunaSearch``) proposes them and keeps the record, in the study's own storage, so that
+``hpo status``, ``hpo best`` and optuna-dashboard read a Ray-backed study like any other.
+
+The study file is the same as for the Optuna backend. Its pruner maps onto Tune's schedulers:
+``successive_halving`` -> ASHA, ``hyperband`` -> HyperBand, ``median`` -> median stopping,
+``none`` -> FIFO, each counting time in epochs (Tune's ``training_iteration``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from hpo import study as study_lib
+from hpo.errors import StudyFileError
+from hpo.storage import StorageRef, check_reachable
+from hpo.trial_job import Objective, TrainerObjective, now_iso
+from trainer.reporting import Decision, EpochMetrics
+
+if TYPE_CHECKING:
+    import optuna
+
+    from hpo.studyfile import StudySpec
+
+RAY_PRUNERS = ("successive_halving", "hyperband", "median", "none")
+
+
+def check_ray_settings(spec: StudySpec) -> None:
+    """Reject, before anything starts, what the Ray backend cannot do."""
+    try:
+        import ray  # noqa: F401
+        from ray import tune  # noqa: F401
+    except ImportError:
+        raise StudyFileError(
+            "the Ray backend needs Ray Tune: pip install 'slurm-hpo[ray]' (ray[default,tune])"
+        ) from None
+    if spec.study.pruner.name not in RAY_PRUNERS:
+        raise StudyFileError(
+            f"{spec.source}: study.pruner.name: {spec.study.pruner.name!r} has no Ray Tune scheduler; "
+            f"the Ray backend takes {', '.join(RAY_PRUNERS)}"
+        )
+    if spec.resources.world_size > 1:
+        raise StudyFileError(
+            f"{spec.source}: resources: the Ray backend runs single-process trials (one GPU or CPU "
+            f"slot each); this study's trials have {spec.resources.world_size} processes"
+        )
+
+
+def build_scheduler(spec: StudySpec, epochs: int) -> Any:
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler, MedianStoppingRule
+
+    options = dict(spec.study.pruner.options)
+    name = spec.study.pruner.name
+    if name == "successive_halving":
+        # Optuna's names for the same quantities: min_resource epochs before the first cut,
+        # reduction_factor between rungs.
+        grace = options.get("min_resource", 1)
+        return ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=epochs,
+            grace_period=1 if grace == "auto" else int(grace),
+            reduction_factor=float(options.get("reduction_factor", 4)),
+        )
+    if name == "hyperband":
+        return HyperBandScheduler(
+            time_attr="training_iteration",
+            max_t=epochs,
+            reduction_factor=float(options.get("reduction_factor", 3)),
+        )
+    if name == "median":
+        return MedianStoppingRule(
+            time_attr="training_iteration",
+            grace_period=float(options.get("n_warmup_steps", 0)) + 1,
+            min_samples_required=int(options.get("n_startup_trials", 5)),
+        )
+    return FIFOScheduler()
+
+
+def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective) -> None:
+    """One Tune trial: the objective, reporting each epoch to Tune (which may stop it there)."""
+    from ray import tune
+
+    class TuneReporter:
+        def report(self, metrics: EpochMetrics) -> Decision:
+            tune.report({**metrics.to_dict(), "hostname": socket.gethostname()})
+            return Decision.CONTINUE  # Tune stops the trial itself when its scheduler says so
+
+    # The trainer's checkpoint folder is named after Tune's trial id (unique across launches).
+    objective(spec, f"ray-{tune.get_context().get_trial_id()}", dict(config), TuneReporter())
+
+
+def _searcher(spec: StudySpec, storage: Any, epochs: int, job_id: str) -> Any:
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    class StudySearch(OptunaSearch):
+        """OptunaSearch records a trial that Tune's scheduler stopped early as COMPLETE; here it
+        is PRUNED, as with the Optuna backend, and carries the same attributes."""
+
+        def on_trial_complete(
+            self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+        ) -> None:
+            if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+                return
+            ot_trial = self._ot_trials[trial_id]
+            value = None if not result else result.get(self.metric)
+            epochs_done = int(result.get("training_iteration", 0)) if result else 0
+            attrs: dict[str, Any] = {
+                study_lib.ATTR_EXECUTOR: "ray",
+                study_lib.ATTR_JOB_ID: job_id,
+                study_lib.ATTR_FINISHED_AT: now_iso(),
+                study_lib.ATTR_EPOCHS: epochs_done,
+            }
+            if result:
+                attrs[study_lib.ATTR_NODES] = result.get("hostname", "")
+                attrs[study_lib.ATTR_ELAPSED_S] = round(float(result.get("time_total_s", 0.0)), 3)
+                attrs[study_lib.ATTR_IMAGES_PER_S] = result.get("images_per_s")
+            if error:
+                attrs[study_lib.ATTR_FAIL_REASON] = (
+                    "the Tune trial raised an error (see its log under ray_results)"
+                )
+            for key, item in attrs.items():
+                ot_trial.set_user_attr(key, item)
+            if value is not None and epochs_done:
+                # Tune hands the last epoch's result to on_trial_complete, not on_trial_result.
+                ot_trial.report(float(value), epochs_done)
+            study = self._ot_study
+            assert study is not None  # set up before the first trial is suggested
+            if error or value is None:
+                study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
+            elif epochs_done < epochs:
+                study.tell(ot_trial, state=optuna.trial.TrialState.PRUNED)
+            else:
+                study.tell(ot_trial, float(value))
+            self._completed_trials.add(trial_id)
+
+    sampler = study_lib.build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source)
+    return StudySearch(
+        space=study_lib.distributions(spec),
+        metric=spec.study.metric,
+        mode="max" if spec.study.direction == "maximize" else "min",
+        sampler=sampler,
+        study_name=spec.study.name,
+        storage=storage,
+    )
+
+
+def fail_leftovers(study: optuna.Study) -> int:
+    """Trials RUNNING in the storage when a Ray-backed launch starts belong to a Ray job that has
+    ended (time limit, preemption, crash): they are failed, and the budget goes on counting them."""
+    import optuna
+
+    failed = 0
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if trial.user_attrs.get(study_lib.ATTR_EXECUTOR) not in (None, "ray"):
+            continue
+        study._storage.set_trial_user_attr(
+            trial._trial_id, study_lib.ATTR_FAIL_REASON, "its Ray job ended first"
+        )
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        failed += 1
+    return failed
+
+
+def run(
+    spec: StudySpec,
+    storage: StorageRef,
+    address: str | None = None,
+    objective: Objective | None = None,
+    log: Any = print,
+) -> None:
+    """Run the study's remaining trials on a Ray cluster (``address``) or a local Ray instance."""
+    import ray
+    from ray import tune
+
+    objective = objective or TrainerObjective()
+    backend = check_reachable(storage, spec.source)
+    study = study_lib.load(spec, backend, create=True)
+    study_lib.check_direction(study, spec)
+    leftovers = fail_leftovers(study)
+    study_lib.enqueue_first_trials(study, spec)
+    remaining = spec.study.n_trials - sum(
+        1 for t in study_lib.counted_trials(study) if t.state.name != "WAITING"
+    )
+    log(f"study {spec.study.name!r}: {spec.study.n_trials - remaining} of {spec.study.n_trials} trials stored"
+        + (f" ({leftovers} left running by an ended Ray job, now failed)" if leftovers else ""))  # fmt: skip
+    if remaining <= 0:
+        return
+    epochs = int(spec.trainer.get("epochs", 1))
+    job_id = os.environ.get("SLURM_JOB_ID", f"local-{os.getpid()}")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=max(1, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+    try:
+        resources = {"cpu": float(spec.resources.cpus_per_task), "gpu": float(spec.resources.gpus_per_node)}
+        trainable = tune.with_resources(
+            tune.with_parameters(_trainable, spec=spec, objective=objective), resources=resources
+        )
+        timeout_min = spec.study.timeout_min
+        tuner = tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(
+                search_alg=_searcher(spec, backend, epochs, job_id),
+                scheduler=build_scheduler(spec, epochs),
+                num_samples=remaining,
+                max_concurrent_trials=spec.study.max_concurrent,
+                time_budget_s=None if timeout_min is None else 60 * timeout_min,
+                metric=spec.study.metric,
+                mode="max" if spec.study.direction == "maximize" else "min",
+            ),
+            run_config=tune.RunConfig(
+                name=f"{spec.study.name}-{int(time.time())}",
+                storage_path=str(spec.workdir / "ray_results"),
+                verbose=0,
+            ),
+        )
+        tuner.fit()
+    finally:
+        ray.shutdown()
