@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import hpo
 from hpo.errors import LaunchError, StudyFileError
@@ -195,26 +195,18 @@ def _launch(args: argparse.Namespace, spec: StudySpec, storage: StorageRef) -> i
 
 
 def _launch_ray(spec: StudySpec, storage: StorageRef, executor: str) -> int:
-    from hpo import launcher
+    from hpo import executors, launcher
     from hpo.ray_backend import driver
+    from hpo.ray_backend import launch as ray_launch
 
     driver.check_ray_settings(spec)
-    if executor == "slurm":
-        raise StudyFileError(
-            f"{spec.source}: resources.executor: the Ray backend on Slurm is not built yet; use --executor local"
-        )
-    _check_local_data(spec)
-    driver.run(spec, storage)
-    study = views_study(spec, storage)
+    executors.check_executor_available(spec, executor)
+    if executor == "local":
+        _check_local_data(spec)
+    study = ray_launch.launch(spec, storage, executor)
     if launcher.summarize(study).best_number is None:
         raise LaunchError(f"no trial of study {spec.study.name!r} completed; see `hpo status {spec.source}`")
     return 0
-
-
-def views_study(spec: StudySpec, storage: StorageRef) -> Any:
-    from hpo import views
-
-    return views.open_study(spec, storage)
 
 
 def _check_local_data(spec: StudySpec) -> None:

@@ -44,10 +44,10 @@ def check_ray_settings(spec: StudySpec) -> None:
             f"{spec.source}: study.pruner.name: {spec.study.pruner.name!r} has no Ray Tune scheduler; "
             f"the Ray backend takes {', '.join(RAY_PRUNERS)}"
         )
-    if spec.resources.world_size > 1:
+    if spec.resources.tasks_per_node > 1:
         raise StudyFileError(
-            f"{spec.source}: resources: the Ray backend runs single-process trials (one GPU or CPU "
-            f"slot each); this study's trials have {spec.resources.world_size} processes"
+            f"{spec.source}: resources.tasks_per_node: the Ray backend runs single-process trials "
+            f"(resources.nodes is the size of its one allocation); got {spec.resources.tasks_per_node}"
         )
 
 
@@ -87,9 +87,22 @@ def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective) ->
 
     class TuneReporter:
         def report(self, metrics: EpochMetrics) -> Decision:
-            tune.report({**metrics.to_dict(), "hostname": socket.gethostname()})
+            node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+            tune.report({**metrics.to_dict(), "hostname": node})
             return Decision.CONTINUE  # Tune stops the trial itself when its scheduler says so
 
+    # A Tune trial is one process, but Ray's workers inherit the Slurm step's variables of the
+    # node they run on: the trainer would take itself for one rank of a multi-task step and wait
+    # for the other ranks.
+    for name in (
+        "SLURM_PROCID",
+        "SLURM_STEP_NUM_TASKS",
+        "SLURM_LOCALID",
+        "RANK",
+        "WORLD_SIZE",
+        "MASTER_PORT",
+    ):
+        os.environ.pop(name, None)
     # The trainer's checkpoint folder is named after Tune's trial id (unique across launches).
     objective(spec, f"ray-{tune.get_context().get_trial_id()}", dict(config), TuneReporter())
 

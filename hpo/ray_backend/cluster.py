@@ -1,0 +1,207 @@
+"""A Ray cluster inside one Slurm allocation, started by a submitit job with one task per node.
+
+Task 0 (the first node) starts the Ray head and the Tune driver; the other tasks start Ray
+workers that join it. What makes this work on shared nodes and shared filesystems:
+
+- every port is chosen free on its node at start, so that two Ray clusters (two studies, or the
+  two emulated nodes of one host) never collide;
+- the temp dir is short (``/tmp/ray-<job>-<task>``): Ray's AF_UNIX socket paths must fit in 107 bytes;
+- the head publishes its address in the study's workdir (shared across nodes), workers wait for it
+  with a bound, and the head waits, with a bound, for every node to join; a cluster that does not
+  come up ends the job with one clear log line, which the launcher reports;
+- the dashboard listens on 127.0.0.1 of the head only (Ray's token authentication is on); `hpo
+  tunnel` prints the ssh command that reaches it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpo.storage import StorageRef
+from hpo.trial_job import Objective, TrainerObjective
+
+if TYPE_CHECKING:
+    from hpo.studyfile import StudySpec
+
+JOIN_TIMEOUT_S = 180
+_PORT_NAMES = (
+    "port",
+    "node-manager-port",
+    "object-manager-port",
+    "dashboard-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+    "ray-client-server-port",
+)
+_WORKER_PORTS = 64
+
+
+def rendezvous_path(spec: StudySpec, job_id: str) -> Path:
+    return spec.workdir / "ray" / f"{job_id}.json"
+
+
+def read_rendezvous(path: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data
+
+
+def slots_per_node(spec: StudySpec) -> int:
+    """Trials each node of the allocation runs at once (max_concurrent spread over the nodes)."""
+    return -(-spec.study.max_concurrent // spec.resources.nodes)
+
+
+@dataclasses.dataclass
+class RayClusterTask:
+    """Run on every node of the allocation (one submitit task per node)."""
+
+    spec: StudySpec
+    storage: StorageRef
+    objective: Objective = dataclasses.field(default_factory=TrainerObjective)
+
+    def __call__(self) -> dict[str, Any]:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        job_id, rank, nodes = str(env.job_id), env.global_rank, env.num_tasks
+        temp_dir = f"/tmp/ray-{job_id}-{rank}"
+        node_ip = _node_ip()
+        rdv = rendezvous_path(self.spec, job_id)
+        # Ray's token authentication, with a token of this job's own, readable by its user only.
+        token = rdv.with_suffix(".token")
+        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
+        if rank == 0:
+            rdv.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            token.touch(mode=0o600)
+            token.write_text(secrets.token_hex(32))
+            return self._head(job_id, nodes, node_ip, temp_dir, rdv)
+        return self._worker(job_id, node_ip, temp_dir, rdv)
+
+    def _head(self, job_id: str, nodes: int, node_ip: str, temp_dir: str, rdv: Path) -> dict[str, Any]:
+        from hpo.ray_backend import driver
+
+        ports = _free_ports(len(_PORT_NAMES) + 1)
+        named = dict(zip(_PORT_NAMES, ports, strict=False))
+        _ray_start(
+            ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"],
+            named,
+            node_ip,
+            temp_dir,
+            self.spec,
+        )
+        address = f"{node_ip}:{named['port']}"
+        rdv.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _write_json(rdv, {"address": address, "head": _node_name(), "dashboard_port": named["dashboard-port"],
+                          "job_id": job_id, "done": False})  # fmt: skip
+        print(
+            f"ray head on {_node_name()} ({address}), dashboard on 127.0.0.1:{named['dashboard-port']}",
+            flush=True,
+        )
+        try:
+            _wait_for_nodes(address, nodes)
+            driver.run(self.spec, self.storage, address=address, objective=self.objective)
+        finally:
+            data = read_rendezvous(rdv) or {}
+            _write_json(rdv, {**data, "done": True})
+            subprocess.run([_ray(), "stop", "--force"], capture_output=True, timeout=120)
+        return {"rank": 0}
+
+    def _worker(self, job_id: str, node_ip: str, temp_dir: str, rdv: Path) -> dict[str, Any]:
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        while (data := read_rendezvous(rdv)) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ray cluster: no head address in {rdv} after {JOIN_TIMEOUT_S} s")
+            time.sleep(1)
+        ports = _free_ports(len(_PORT_NAMES) + 1)
+        named = dict(zip(_PORT_NAMES[1:], ports, strict=False))  # a worker has no GCS port
+        named.pop("dashboard-port", None)
+        named.pop("ray-client-server-port", None)
+        _ray_start([f"--address={data['address']}"], named, node_ip, temp_dir, self.spec)
+        print(f"ray worker on {_node_name()} joined {data['address']}", flush=True)
+        try:  # stay until the head is done: the job ends when every task has returned
+            while not (read_rendezvous(rdv) or {}).get("done"):
+                time.sleep(2)
+        finally:
+            subprocess.run([_ray(), "stop", "--force"], capture_output=True, timeout=120)
+        return {"rank": "worker"}
+
+
+def _ray_start(extra: list[str], ports: dict[str, int], node_ip: str, temp_dir: str, spec: StudySpec) -> None:
+    slots = slots_per_node(spec)
+    low = _free_ports(1)[0]
+    args = [
+        _ray(),
+        "start",
+        *extra,
+        f"--node-ip-address={node_ip}",
+        f"--temp-dir={temp_dir}",
+        f"--num-cpus={spec.resources.cpus_per_task * slots}",
+        f"--num-gpus={spec.resources.gpus_per_node * slots}",
+        f"--min-worker-port={low}",
+        f"--max-worker-port={low + _WORKER_PORTS}",
+        "--disable-usage-stats",
+        *(f"--{name}={port}" for name, port in ports.items()),
+    ]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        tail = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()][-3:]
+        raise RuntimeError(f"ray start failed on {_node_name()}: {' | '.join(tail)}")
+
+
+def _wait_for_nodes(address: str, nodes: int) -> None:
+    import ray
+
+    ray.init(address=address, log_to_driver=False)
+    try:
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        while (alive := sum(1 for node in ray.nodes() if node.get("Alive"))) < nodes:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ray cluster: {alive} of {nodes} nodes joined within {JOIN_TIMEOUT_S} s")
+            time.sleep(1)
+        print(f"ray cluster: {nodes} of {nodes} nodes up", flush=True)
+    finally:
+        ray.shutdown()
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports free on this node now, held together while chosen so that they differ."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def _node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def _node_ip() -> str:
+    try:
+        return socket.gethostbyname(_node_name())
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def _ray() -> str:
+    return str(Path(sys.executable).parent / "ray")
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)

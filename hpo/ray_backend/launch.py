@@ -1,0 +1,99 @@
+"""``hpo launch --backend ray``: one Slurm job holding a Ray cluster (or a local Ray instance)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from hpo import executors
+from hpo import study as study_lib
+from hpo.errors import LaunchError
+from hpo.ray_backend import driver
+from hpo.ray_backend.cluster import RayClusterTask, slots_per_node
+from hpo.storage import StorageRef, check_reachable, mask
+from hpo.trial_job import Objective, TrainerObjective
+
+if TYPE_CHECKING:
+    import optuna
+
+    from hpo.studyfile import StudySpec
+
+STUDY_ATTR_RAY_JOB = "hpo_ray_job"
+
+
+def launch(
+    spec: StudySpec, storage: StorageRef, executor: str, objective: Objective | None = None, log: Any = print
+) -> optuna.Study:
+    """Run the study's remaining trials with Ray Tune; returns the study once the run has ended."""
+    objective = objective or TrainerObjective()
+    if executor == "local":
+        driver.run(spec, storage, objective=objective, log=log)
+        return study_lib.load(spec, check_reachable(storage, spec.source), create=False)
+    study = study_lib.load(spec, check_reachable(storage, spec.source), create=True)
+    study_lib.check_direction(study, spec)
+    probe = executors.SlurmStates()
+    job_id = study.user_attrs.get(STUDY_ATTR_RAY_JOB)
+    job = executors.slurm_job(spec, str(job_id)) if job_id else None
+    if job is not None and not probe.ended(job):
+        log(f"the study's Ray job {job_id} is still running: following it")
+    else:
+        counted = sum(1 for t in study_lib.counted_trials(study) if t.state.name != "WAITING")
+        if counted >= spec.study.n_trials:
+            return study
+        job = _submit(spec, storage, objective, spec.study.n_trials - counted, log)
+        study.set_user_attr(STUDY_ATTR_RAY_JOB, str(job.job_id))
+    _follow(spec, study, job, probe, log)
+    return study
+
+
+def _submit(spec: StudySpec, storage: StorageRef, objective: Objective, remaining: int, log: Any) -> Any:
+    slots = slots_per_node(spec)
+    # The allocation: `nodes` nodes, each with room for its share of the concurrent trials.
+    node_resources = dataclasses.replace(
+        spec.resources,
+        tasks_per_node=1,
+        cpus_per_task=spec.resources.cpus_per_task * slots,
+        gpus_per_node=spec.resources.gpus_per_node * slots,
+    )
+    waves = math.ceil(remaining / spec.study.max_concurrent)
+    time_min = spec.resources.worker_time_min or min(24 * 60, spec.resources.time_min * waves + 10)
+    allocation = dataclasses.replace(spec, resources=node_resources)
+    executor = executors.make_executor(
+        allocation, "slurm", job_name=f"hpo-{spec.study.name}-ray", time_min=time_min
+    )
+    try:
+        job = executor.submit(RayClusterTask(spec, storage, objective))
+    except Exception as err:
+        raise LaunchError(f"Ray job submission failed: {str(err).strip().splitlines()[-1]}") from None
+    log(f"Ray job {job.job_id} submitted: {spec.resources.nodes} nodes, {slots} trials per node, "
+        f"{time_min} min; storage {mask(str(storage))}")  # fmt: skip
+    return job
+
+
+def _follow(spec: StudySpec, study: optuna.Study, job: Any, probe: executors.SlurmStates, log: Any) -> None:
+    """Print the trials as they end until the Ray job has ended; fail loudly if it failed."""
+    seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
+    while True:
+        ended = probe.ended(job)
+        for trial in study.get_trials(deepcopy=False):
+            if trial.state.is_finished() and trial.number not in seen:
+                seen.add(trial.number)
+                value = study_lib.metric_value(trial)
+                shown = "-" if value is None else f"{value:.4f}"
+                log(f"trial {trial.number} {trial.state.name}: {spec.study.metric}={shown} "
+                    f"after {len(trial.intermediate_values)} epochs")  # fmt: skip
+        if ended:
+            break
+        time.sleep(1.0)
+    if job.paths.result_pickle.exists():
+        from submitit.core.utils import pickle_load
+
+        outcome, value = pickle_load(job.paths.result_pickle)
+        if outcome == "success":
+            return
+        lines = [line for line in str(value).strip().splitlines() if line.strip()]
+        raise LaunchError(f"Ray job {job.job_id} failed: {lines[-1].strip() if lines else outcome}")
+    detail = executors.error_line(spec, str(job.job_id), spec.resources.nodes)
+    raise LaunchError(f"Ray job {job.job_id} ended {probe.state(job)}" + (f": {detail}" if detail else ""))
