@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="print the resolved study and the job script; submit nothing"
     )
 
+    tunnel = commands.add_parser("tunnel", help="print the ssh commands that reach the study's dashboards")
+    _study_arguments(tunnel)
+    tunnel.add_argument("--open", action="store_true", help="run the Ray dashboard's tunnel")
     for name, text in (
         ("status", "trials by state, with parameters, last value and job id"),
         ("best", "the best trial and a ready full-training command"),
@@ -156,7 +159,13 @@ def _run(args: argparse.Namespace) -> int:
     from hpo import views
 
     study = views.open_study(spec, storage)
-    if args.command == "status":
+    if args.command == "tunnel":
+        from hpo.ray_backend import tunnel
+
+        if args.open:
+            return tunnel.open_tunnel(spec, study)
+        lines = tunnel.tunnel_commands(spec, study, storage, with_ray=spec.study.backend == "ray")
+    elif args.command == "status":
         lines = views.status_lines(spec, study)
     elif args.command == "best":
         lines = views.best_lines(spec, study)

@@ -142,7 +142,7 @@ class RayClusterTask:
 
 def _ray_start(extra: list[str], ports: dict[str, int], node_ip: str, temp_dir: str, spec: StudySpec) -> None:
     slots = slots_per_node(spec)
-    low = _free_ports(1)[0]
+    low = _free_range(_WORKER_PORTS + 1, avoid=set(ports.values()))
     args = [
         _ray(),
         "start",
@@ -184,6 +184,23 @@ def _free_ports(count: int) -> list[int]:
         for sock in sockets:
             sock.bind(("", 0))
         return [sock.getsockname()[1] for sock in sockets]
+
+
+def _free_range(count: int, avoid: set[int]) -> int:
+    """The first port of ``count`` consecutive ports free now and distinct from ``avoid``."""
+    for _ in range(100):
+        low = _free_ports(1)[0]
+        candidates = range(low, low + count)
+        if low + count > 65535 or avoid.intersection(candidates):
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in candidates:
+                    stack.enter_context(socket.socket()).bind(("", port))
+        except OSError:
+            continue
+        return low
+    raise RuntimeError(f"no {count} consecutive free ports for Ray's workers on {_node_name()}")
 
 
 def _node_name() -> str:

@@ -88,7 +88,7 @@ def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective) ->
     class TuneReporter:
         def report(self, metrics: EpochMetrics) -> Decision:
             node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-            tune.report({**metrics.to_dict(), "hostname": node})
+            tune.report({**metrics.to_dict(), "node": node})  # Tune overwrites "hostname"
             return Decision.CONTINUE  # Tune stops the trial itself when its scheduler says so
 
     # A Tune trial is one process, but Ray's workers inherit the Slurm step's variables of the
@@ -130,7 +130,7 @@ def _searcher(spec: StudySpec, storage: Any, epochs: int, job_id: str) -> Any:
                 study_lib.ATTR_EPOCHS: epochs_done,
             }
             if result:
-                attrs[study_lib.ATTR_NODES] = result.get("hostname", "")
+                attrs[study_lib.ATTR_NODES] = result.get("node", "")
                 attrs[study_lib.ATTR_ELAPSED_S] = round(float(result.get("time_total_s", 0.0)), 3)
                 attrs[study_lib.ATTR_IMAGES_PER_S] = result.get("images_per_s")
             if error:

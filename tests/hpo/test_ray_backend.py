@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import time
+import urllib.request
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.hpo.conftest import BAD, GOOD, load_trials, run_hpo, study_document, write_study
+from tests.hpo.conftest import BAD, GOOD, HPO, REPO, load_trials, run_hpo, study_document, write_study
 
 pytestmark = pytest.mark.slow
 
@@ -42,3 +48,77 @@ def test_local_ray_backend_runs_a_study_with_asha_into_the_optuna_storage(
     assert again.returncode == 0, again.stdout + again.stderr
     assert "6 of 6 trials stored" in again.stdout
     assert len(load_trials(document)) == 6
+
+
+def _launch_in_background(study_file: Path, storage: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [HPO, "launch", str(study_file), "--storage", storage],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _slurm_ray_document(name: str, workdir: Path) -> dict[str, Any]:
+    return study_document(
+        name,
+        workdir,
+        study={"backend": "ray", "n_trials": 6, "enqueue": [GOOD, {**GOOD, "lr": 0.2}, BAD]},
+        resources={"executor": "slurm", "nodes": 2, "cpus_per_task": 1},
+    )
+
+
+def test_ray_cluster_inside_one_slurm_job_spanning_both_nodes(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    name = f"ray-slurm-{uuid.uuid4().hex[:6]}"
+    document = _slurm_ray_document(name, tmp_path / "work")
+    study_file = write_study(tmp_path / "study.yaml", document)
+    launcher = _launch_in_background(study_file, fresh_database)
+    # While it runs: `hpo tunnel` names the head and the dashboard port, and the dashboard answers.
+    deadline = time.monotonic() + 180
+    while True:
+        tunnel = run_hpo("tunnel", str(study_file), "--storage", fresh_database)
+        if tunnel.returncode == 0:
+            break
+        assert time.monotonic() < deadline and launcher.poll() is None, tunnel.stderr
+        time.sleep(1)
+    match = re.search(r"ssh -N -L 8265:127\.0\.0\.1:(\d+) -J \S+ (n1|n2)", tunnel.stdout)
+    assert match, tunnel.stdout
+    with urllib.request.urlopen(f"http://127.0.0.1:{match.group(1)}/", timeout=30) as response:
+        assert response.status == 200
+    output = launcher.communicate(timeout=600)[0]
+    assert launcher.returncode == 0, output
+
+    trials = load_trials(document, fresh_database)
+    states = [t.state.name for t in trials]
+    assert len(trials) == 6 and set(states) <= {"COMPLETE", "PRUNED"}, states
+    assert "PRUNED" in states and "COMPLETE" in states, states
+    assert {t.user_attrs["nodes"] for t in trials} == {"n1", "n2"}  # trials ran on both nodes
+    [job_id] = {t.user_attrs["job_id"] for t in trials}  # all in the one Ray job
+    proc = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,NNodes", "--name", f"hpo-{name}-ray", "-S", "now-1hour"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert proc.stdout.split() == [f"{job_id}|2"]
+    status = run_hpo("status", str(study_file), "--storage", fresh_database)
+    assert status.returncode == 0 and status.stdout.startswith(f"study {name}: 6 of 6 trials;"), status.stdout
+
+
+def test_two_ray_studies_on_the_same_nodes_at_once_do_not_clash(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    documents = [
+        _slurm_ray_document(f"ray-pair-{i}-{uuid.uuid4().hex[:6]}", tmp_path / f"work{i}") for i in (0, 1)
+    ]
+    for document in documents:  # short trials: the point is two clusters side by side
+        document["study"].update(n_trials=2, enqueue=[GOOD])
+    files = [write_study(tmp_path / f"study{i}.yaml", d) for i, d in enumerate(documents)]
+    launchers = [_launch_in_background(f, fresh_database) for f in files]
+    outputs = [launcher.communicate(timeout=600)[0] for launcher in launchers]
+    for launcher, output in zip(launchers, outputs, strict=True):
+        assert launcher.returncode == 0, output
+    for document in documents:
+        trials = load_trials(document, fresh_database)
+        assert len(trials) == 2 and all(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
