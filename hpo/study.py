@@ -36,6 +36,8 @@ ATTR_JOB_KIND = "job_kind"
 """slurm or local: where a --workers worker (executor "worker") runs."""
 # Study user attributes.
 STUDY_ATTR_CANCEL = "hpo_cancel_requested_at"
+STUDY_ATTR_RAY_JOB = "hpo_ray_job"
+"""The Slurm job id of a Ray-backed study's allocation."""
 STUDY_ATTR_ENQUEUED = "hpo_enqueued"
 
 

@@ -117,11 +117,15 @@ def cancel(spec: StudySpec, study: optuna.Study) -> list[str]:
 
     study.set_user_attr(study_lib.STUDY_ATTR_CANCEL, time.time())
     lines = []
+    ray_job = study.user_attrs.get(study_lib.STUDY_ATTR_RAY_JOB)
+    if ray_job:  # the one allocation of a Ray-backed study holds all its trials
+        _cancel_job(spec, "slurm", str(ray_job))
+        lines.append(f"Ray job {ray_job}: cancelled")
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         executor = trial.user_attrs.get(study_lib.ATTR_EXECUTOR)
         kind = trial.user_attrs.get(study_lib.ATTR_JOB_KIND, executor)
         job_id = trial.user_attrs.get(study_lib.ATTR_JOB_ID)
-        if job_id is not None:
+        if job_id is not None and kind != "ray":
             _cancel_job(spec, kind, str(job_id))
         # Both raise if the trial ended on its own meanwhile: then its state stands.
         with contextlib.suppress(RuntimeError, ValueError):

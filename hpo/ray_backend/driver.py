@@ -115,6 +115,15 @@ def _searcher(spec: StudySpec, storage: Any, epochs: int, job_id: str) -> Any:
         """OptunaSearch records a trial that Tune's scheduler stopped early as COMPLETE; here it
         is PRUNED, as with the Optuna backend, and carries the same attributes."""
 
+        def suggest(self, trial_id: str) -> dict[str, Any] | None:
+            config: dict[str, Any] | None = super().suggest(trial_id)
+            ot_trial = self._ot_trials.get(trial_id)
+            if ot_trial is not None:  # where it runs, visible while it runs (hpo status, hpo cancel)
+                ot_trial.set_user_attr(study_lib.ATTR_EXECUTOR, "ray")
+                ot_trial.set_user_attr(study_lib.ATTR_JOB_ID, job_id)
+                ot_trial.set_user_attr(study_lib.ATTR_STARTED_AT, now_iso())
+            return config
+
         def on_trial_complete(
             self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
         ) -> None:

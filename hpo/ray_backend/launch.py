@@ -20,8 +20,6 @@ if TYPE_CHECKING:
 
     from hpo.studyfile import StudySpec
 
-STUDY_ATTR_RAY_JOB = "hpo_ray_job"
-
 
 def launch(
     spec: StudySpec, storage: StorageRef, executor: str, objective: Objective | None = None, log: Any = print
@@ -34,7 +32,7 @@ def launch(
     study = study_lib.load(spec, check_reachable(storage, spec.source), create=True)
     study_lib.check_direction(study, spec)
     probe = executors.SlurmStates()
-    job_id = study.user_attrs.get(STUDY_ATTR_RAY_JOB)
+    job_id = study.user_attrs.get(study_lib.STUDY_ATTR_RAY_JOB)
     job = executors.slurm_job(spec, str(job_id)) if job_id else None
     if job is not None and not probe.ended(job):
         log(f"the study's Ray job {job_id} is still running: following it")
@@ -43,7 +41,7 @@ def launch(
         if counted >= spec.study.n_trials:
             return study
         job = _submit(spec, storage, objective, spec.study.n_trials - counted, log)
-        study.set_user_attr(STUDY_ATTR_RAY_JOB, str(job.job_id))
+        study.set_user_attr(study_lib.STUDY_ATTR_RAY_JOB, str(job.job_id))
     _follow(spec, study, job, probe, log)
     return study
 

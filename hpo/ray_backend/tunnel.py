@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from hpo.errors import LaunchError
 from hpo.ray_backend.cluster import read_rendezvous, rendezvous_path
-from hpo.ray_backend.launch import STUDY_ATTR_RAY_JOB
+from hpo.study import STUDY_ATTR_RAY_JOB
 
 if TYPE_CHECKING:
     import optuna

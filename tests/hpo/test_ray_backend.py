@@ -122,3 +122,52 @@ def test_two_ray_studies_on_the_same_nodes_at_once_do_not_clash(
     for document in documents:
         trials = load_trials(document, fresh_database)
         assert len(trials) == 2 and all(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
+
+
+def test_relaunch_after_the_ray_job_is_cancelled_resumes_without_counting_a_trial_twice(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    name = f"ray-resume-{uuid.uuid4().hex[:6]}"
+    document = _slurm_ray_document(name, tmp_path / "work")
+    document["trainer"]["max_steps_per_epoch"] = 40  # long enough to be caught mid-trial
+    study_file = write_study(tmp_path / "study.yaml", document)
+    launcher = _launch_in_background(study_file, fresh_database)
+    deadline = time.monotonic() + 300
+    while True:  # cancel once a trial has finished and others are running
+        trials = _trials_or_none(document, fresh_database)
+        states = [t.state.name for t in trials or []]
+        if any(s in ("COMPLETE", "PRUNED") for s in states) and "RUNNING" in states:
+            break
+        assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()[0]
+        time.sleep(0.5)
+    cancel = run_hpo("cancel", str(study_file), "--storage", fresh_database)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert re.search(r"^Ray job \d+: cancelled$", cancel.stdout, re.M), cancel.stdout
+    output = launcher.communicate(timeout=120)[0]
+    assert launcher.returncode != 0 and "CANCELLED" in output, output
+    before = {t.number: t.state.name for t in load_trials(document, fresh_database)}
+
+    again = run_hpo("launch", str(study_file), "--storage", fresh_database, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    trials = load_trials(document, fresh_database)
+    assert len(trials) == 6, [(t.number, t.state.name) for t in trials]
+    assert all(t.state.is_finished() for t in trials)
+    # What had finished before stays as it was; what the cancel cut short is a FAIL, counted once.
+    for trial in trials:
+        if before.get(trial.number) in ("COMPLETE", "PRUNED"):
+            assert trial.state.name == before[trial.number]
+    # The trials the relaunch added ran in its own, new Ray job.
+    first_job = {t.user_attrs["job_id"] for t in trials if t.number in before}
+    added = [t for t in trials if t.number not in before]
+    assert added and all(t.user_attrs["job_id"] not in first_job for t in added)
+    proc = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "--name", f"hpo-{name}-ray", "-S", "now-1hour"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert len(proc.stdout.splitlines()) == 2, proc.stdout  # the cancelled job and the one that finished
+
+
+def _trials_or_none(document: dict[str, Any], storage: str) -> list[Any] | None:
+    from tests.hpo.test_launch import _trials_or_none as read
+
+    return read(document, storage)
