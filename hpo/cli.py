@@ -195,6 +195,11 @@ def _launch(args: argparse.Namespace, spec: StudySpec, storage: StorageRef) -> i
     if spec.study.backend == "ray":
         return _launch_ray(spec, storage, executor)
     executors.check_executor_available(spec, executor)
+    if executor == "slurm":
+        res = spec.resources
+        executors.check_partition_capacity(
+            spec, res.nodes, res.gpus_per_node, res.cpus_per_task * res.tasks_per_node
+        )
     if executor == "local":
         _check_local_data(spec)
     summary = launcher.launch(spec, storage, launcher.LaunchOptions(executor=executor, workers=args.workers))
@@ -207,9 +212,15 @@ def _launch_ray(spec: StudySpec, storage: StorageRef, executor: str) -> int:
     from hpo import executors, launcher
     from hpo.ray_backend import driver
     from hpo.ray_backend import launch as ray_launch
+    from hpo.ray_backend.cluster import slots_per_node
 
     driver.check_ray_settings(spec)
     executors.check_executor_available(spec, executor)
+    if executor == "slurm":
+        res, slots = spec.resources, slots_per_node(spec)
+        executors.check_partition_capacity(
+            spec, res.nodes, res.gpus_per_node * slots, res.cpus_per_task * slots
+        )
     if executor == "local":
         _check_local_data(spec)
     study = ray_launch.launch(spec, storage, executor)

@@ -47,3 +47,20 @@ def test_slurm_executor_without_sbatch_names_the_local_executor(tmp_path: Path) 
     assert f"{study_file}: resources.executor: slurm, but there is no sbatch on this machine" in line
     assert "executor: local" in line
     assert not (tmp_path / "work").exists()
+
+
+def test_a_job_larger_than_the_partition_is_rejected_with_the_numbers(
+    tmp_path: Path, local_cluster: str
+) -> None:
+    for backend in ("optuna", "ray"):
+        document = study_document(
+            f"too-big-{backend}", tmp_path / backend, study={"backend": backend},
+            resources={"executor": "slurm", "nodes": 2, "gpus_per_node": 1},
+        )  # fmt: skip
+        study_file = write_study(tmp_path / f"{backend}.yaml", document)
+        proc = launch(study_file, "--storage", local_cluster)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        [line] = proc.stderr.splitlines()
+        assert f"{study_file}: resources: a job needs 2 nodes with 1 GPUs" in line
+        assert "has 2 nodes, 0 of them big enough (at most 0 GPUs and 2 CPUs per node)" in line
+        assert not (tmp_path / backend / "jobs").exists()
