@@ -156,6 +156,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "launch":
         return _launch(args, spec, storage)
 
+    from hpo import study as study_lib
     from hpo import views
 
     study = views.open_study(spec, storage)
@@ -164,7 +165,8 @@ def _run(args: argparse.Namespace) -> int:
 
         if args.open:
             return tunnel.open_tunnel(spec, study)
-        lines = tunnel.tunnel_commands(spec, study, storage, with_ray=spec.study.backend == "ray")
+        with_ray = spec.study.backend == "ray" or bool(study.user_attrs.get(study_lib.STUDY_ATTR_RAY_JOB))
+        lines = tunnel.tunnel_commands(spec, study, storage, with_ray=with_ray)
     elif args.command == "status":
         lines = views.status_lines(spec, study)
     elif args.command == "best":
