@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -117,7 +118,7 @@ class RayClusterTask:
         finally:
             data = read_rendezvous(rdv) or {}
             _write_json(rdv, {**data, "done": True})
-            subprocess.run([_ray(), "stop", "--force"], capture_output=True, timeout=120)
+            _stop_ray(temp_dir)
         return {"rank": 0}
 
     def _worker(self, job_id: str, node_ip: str, temp_dir: str, rdv: Path) -> dict[str, Any]:
@@ -136,7 +137,7 @@ class RayClusterTask:
             while not (read_rendezvous(rdv) or {}).get("done"):
                 time.sleep(2)
         finally:
-            subprocess.run([_ray(), "stop", "--force"], capture_output=True, timeout=120)
+            _stop_ray(temp_dir)
         return {"rank": "worker"}
 
 
@@ -184,6 +185,33 @@ def _free_ports(count: int) -> list[int]:
         for sock in sockets:
             sock.bind(("", 0))
         return [sock.getsockname()[1] for sock in sockets]
+
+
+def _stop_ray(temp_dir: str) -> None:
+    """Stop this node's Ray processes of this job only. `ray stop` would kill every Ray process
+    on the node, another study's cluster included; ours are the ones whose command line names our
+    temp dir (their workers die with their raylet)."""
+    own = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            # Ray's agents rename their command line; their environment still names our token.
+            marker = f"RAY_AUTH_TOKEN_PATH={os.environ.get('RAY_AUTH_TOKEN_PATH', temp_dir)}".encode()
+            if (
+                temp_dir.encode() in (entry / "cmdline").read_bytes()
+                or marker in (entry / "environ").read_bytes()
+            ):
+                own.append(int(entry.name))
+        except OSError:
+            continue
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+        for pid in own:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while wait_s and time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in own):
+            time.sleep(0.2)
 
 
 def _free_range(count: int, avoid: set[int]) -> int:
