@@ -91,13 +91,19 @@ def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Lo
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
     """Hold SIGINT and SIGTERM while a job is submitted and its id stored: a launcher stopped in
-    between would leave a job that no stored trial points to."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    between would leave a job that no stored trial points to. (A signal mask would not do: the
+    kernel may hand the signal to another thread, and Python still raises in the main one.)"""
+    held: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda signum, frame: held.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if held:
+        raise KeyboardInterrupt
 
 
 class _Dispatcher:
