@@ -181,7 +181,12 @@ def _launch(args: argparse.Namespace, spec: StudySpec, storage: StorageRef) -> i
     from hpo import executors, launcher
     from hpo import study as study_lib
 
-    study_lib.validate_optuna_settings(spec)
+    if spec.study.backend == "ray":
+        from hpo.ray_backend import driver
+
+        driver.check_ray_settings(spec)
+    else:
+        study_lib.validate_optuna_settings(spec)
     executor = spec.resources.executor
     if args.workers is not None:
         if args.workers < 1:
@@ -212,11 +217,9 @@ def _launch(args: argparse.Namespace, spec: StudySpec, storage: StorageRef) -> i
 
 def _launch_ray(spec: StudySpec, storage: StorageRef, executor: str) -> int:
     from hpo import executors, launcher
-    from hpo.ray_backend import driver
     from hpo.ray_backend import launch as ray_launch
     from hpo.ray_backend.cluster import slots_per_node
 
-    driver.check_ray_settings(spec)
     executors.check_executor_available(spec, executor)
     if executor == "slurm":
         res, slots = spec.resources, slots_per_node(spec)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hpo.errors import StudyFileError
+from hpo.studyfile import RAY_ONLY_PRUNERS
 
 if TYPE_CHECKING:
     import optuna
@@ -86,6 +87,11 @@ def build_sampler(
 def build_pruner(pruner: PrunerSpec, source: str) -> optuna.pruners.BasePruner:
     import optuna
 
+    if pruner.name in RAY_ONLY_PRUNERS:
+        raise StudyFileError(
+            f"{source}: study.pruner.name: {pruner.name} is a Ray Tune scheduler; it needs study.backend: ray"
+        )
+
     classes: dict[str, Callable[..., optuna.pruners.BasePruner]] = {
         "none": optuna.pruners.NopPruner,
         "median": optuna.pruners.MedianPruner,
@@ -121,7 +127,9 @@ def load(spec: StudySpec, storage: BaseStorage, *, create: bool) -> optuna.Study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source)
-    pruner = build_pruner(spec.study.pruner, spec.source)
+    # A study driven by a Ray-only scheduler is still read (hpo status, hpo best) through Optuna.
+    ray_only = spec.study.pruner.name in RAY_ONLY_PRUNERS
+    pruner = optuna.pruners.NopPruner() if ray_only else build_pruner(spec.study.pruner, spec.source)
     if create:
         return optuna.create_study(
             study_name=spec.study.name,

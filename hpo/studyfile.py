@@ -40,6 +40,8 @@ METRICS = {
 }
 SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes")
 PRUNERS = ("none", "median", "percentile", "successive_halving", "hyperband", "threshold")
+# Schedulers that exist only in Ray Tune: no Optuna pruner does what they do.
+RAY_ONLY_PRUNERS = ("pbt",)
 EXECUTORS = ("local", "slurm")
 BACKENDS = ("optuna", "ray")
 PARAM_TYPES = ("float", "int", "categorical")
@@ -83,13 +85,18 @@ class SamplerSpec:
 
 @dataclasses.dataclass
 class PrunerSpec:
-    name: str = _field("successive_halving", f"One of {', '.join(PRUNERS)} (Optuna's pruners).")
+    name: str = _field(
+        "successive_halving",
+        f"One of {', '.join(PRUNERS)} (Optuna's pruners), or, with the Ray backend only, pbt "
+        "(Ray Tune's Population Based Training; options perturbation_interval, quantile_fraction, "
+        "resample_probability, mutations).",
+    )
     options: dict[str, Any] = dataclasses.field(
         default_factory=dict, metadata={"help": "Keyword arguments of the Optuna pruner class."}
     )
 
     def check(self) -> None:
-        _one_of("name", self.name, PRUNERS)
+        _one_of("name", self.name, PRUNERS + RAY_ONLY_PRUNERS)
 
 
 @dataclasses.dataclass

@@ -44,8 +44,12 @@ class Objective(Protocol):
     ) -> ObjectiveResult: ...
 
 
+@dataclasses.dataclass
 class TrainerObjective:
     """The real objective: a short trainer run, checkpointed under the study's workdir."""
+
+    resume_may_change: str = ""
+    """Optimizer settings a resumed checkpoint may differ in (the trainer's option of that name)."""
 
     def __call__(
         self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: Reporter | None
@@ -55,7 +59,11 @@ class TrainerObjective:
         from trainer import train
 
         torch.set_num_threads(spec.resources.cpus_per_task)
-        config = spec.trainer_config(params, checkpoint_dir=str(trial_dir(spec, trial_key) / "checkpoint"))
+        config = spec.trainer_config(
+            params,
+            checkpoint_dir=str(checkpoint_dir(spec, trial_key)),
+            resume_may_change=self.resume_may_change,
+        )
         result = train(config, reporter)
         last = result.history[-1] if result.history else None
         value = float(getattr(last, spec.study.metric)) if last is not None else float("nan")
@@ -118,6 +126,10 @@ class OptunaReporter:
 
 def trial_dir(spec: StudySpec, trial_key: int | str) -> Any:
     return spec.workdir / "trials" / str(trial_key)
+
+
+def checkpoint_dir(spec: StudySpec, trial_key: int | str) -> Any:
+    return trial_dir(spec, trial_key) / "checkpoint"
 
 
 def now_iso() -> str:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from hpo import executors
 from hpo import study as study_lib
 from hpo.errors import LaunchError, StudyFileError
+from hpo.ray_backend.population import ATTR_FINAL_PARAMS, ATTR_SCHEDULE
 from hpo.storage import StorageRef, mask, open_storage
 from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig
 from trainer.errors import ConfigError
@@ -79,16 +80,28 @@ def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
         best = study.best_trial
     except ValueError:
         raise LaunchError(f"study {spec.study.name!r} has no completed trial yet") from None
+    # A PBT member ends with the settings PBT gave it, on weights that may come from others.
+    final = best.user_attrs.get(ATTR_FINAL_PARAMS) or best.params
     try:
-        config = spec.trainer_config(best.params)
+        config = spec.trainer_config(final)
     except ConfigError as err:  # the study file's trainer section changed since the trial ran
         raise StudyFileError(f"{spec.source}: trainer: {err}") from None
     lines = [
         f"best trial {best.number}: {spec.study.metric}={best.value:.4f} "
         f"(job {best.user_attrs.get(study_lib.ATTR_JOB_ID, '-')})",
         "params: " + study_lib.format_params(best.params),
-        "train it: " + full_training_command(config),
     ]
+    for change in best.user_attrs.get(ATTR_SCHEDULE, []):
+        lines.append(
+            f"  PBT, after epoch {change['after_epoch']}: weights of trial {change['weights_of_trial']}, "
+            + study_lib.format_params(change["params"])
+        )
+    if final != best.params:
+        lines.append("params at the end: " + study_lib.format_params(final))
+        lines.append(
+            "(the command trains with the final params from the start; it does not replay PBT's schedule)"
+        )
+    lines.append("train it: " + full_training_command(config))
     return lines
 
 

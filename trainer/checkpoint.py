@@ -79,9 +79,11 @@ def load(path: Path, map_location: torch.device) -> dict[str, Any]:
     return payload
 
 
-def check_fingerprint(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
+def check_fingerprint(
+    path: Path, saved: dict[str, Any], current: dict[str, Any], may_differ: frozenset[str] = frozenset()
+) -> None:
     """Refuse to continue a run whose training-defining settings changed since the checkpoint."""
-    for key in sorted(set(saved) | set(current)):
+    for key in sorted((set(saved) | set(current)) - may_differ):
         if saved.get(key) != current.get(key):
             raise ConfigError(
                 f"{key} is {current.get(key)!r} but the checkpoint {path} was written with "
@@ -100,3 +102,23 @@ def restore(payload: dict[str, Any], state: TrainingState) -> None:
         torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
     np.random.set_state(rng["numpy"])
     random.setstate(rng["python"])
+
+
+def adopt_changes(
+    optimizer: torch.optim.Optimizer, saved: dict[str, Any], current: dict[str, Any], names: frozenset[str]
+) -> None:
+    """Put the new values of ``names`` into a restored optimizer.
+
+    A new peak learning rate scales the whole OneCycle schedule (its initial, peak and final
+    rates live in the optimizer's parameter groups), so the run continues where the schedule
+    stood, at the new height.
+    """
+    for group in optimizer.param_groups:
+        if "lr" in names and saved.get("lr") != current["lr"]:
+            ratio = float(current["lr"]) / float(saved["lr"])
+            for key in ("lr", "initial_lr", "max_lr", "min_lr"):
+                if key in group:
+                    group[key] *= ratio
+        for key in ("weight_decay", "momentum"):
+            if key in names:
+                group[key] = current[key]

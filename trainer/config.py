@@ -50,8 +50,12 @@ RUNTIME_ONLY_FIELDS = frozenset(
         "compile",
         "cudnn_benchmark",
         "val_batch_size",
+        "resume_may_change",
     }
 )
+# What a resumed run may take up with a new value (Population Based Training hands a run another
+# run's weights with perturbed settings): the optimizer's settings, changeable mid-schedule.
+RESUMABLE_CHANGES = ("lr", "weight_decay", "momentum")
 
 
 def _field(default: Any, help: str) -> Any:
@@ -124,6 +128,12 @@ class TrainConfig:
     checkpoint_dir: str | None = _field(
         None, "Directory of the per-epoch checkpoint; the run resumes from it if it holds one."
     )
+    resume_may_change: str = _field(
+        "",
+        "Comma-separated settings a resumed checkpoint may have been written with other values of "
+        f"(any of {', '.join(RESUMABLE_CHANGES)}): the run goes on with the new ones; a new lr scales "
+        "the rest of the OneCycle schedule.",
+    )
     log_every: int = _field(50, "Print a progress line every this many steps on rank 0 (0: per epoch only).")
     dist_timeout_s: int = _field(600, "Timeout of collective operations across ranks, in seconds.")
 
@@ -160,6 +170,11 @@ class TrainConfig:
         for name in ("train_fraction", "val_fraction"):
             if not 0 < getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+        for name in self.resume_changes:
+            if name not in RESUMABLE_CHANGES:
+                raise ConfigError(
+                    f"resume_may_change: {name!r} cannot change mid-run; choose from {', '.join(RESUMABLE_CHANGES)}"
+                )
         if self.nesterov and self.momentum == 0:
             raise ConfigError("nesterov needs momentum > 0, got momentum=0")
         if self.width != 16 and self.model not in CIFAR_MODELS:
@@ -181,6 +196,10 @@ class TrainConfig:
         if self.dataset == "fashion-mnist":
             return DEFAULT_FASHION_MNIST_ROOT
         return None
+
+    @property
+    def resume_changes(self) -> frozenset[str]:
+        return frozenset(name.strip() for name in self.resume_may_change.split(",") if name.strip())
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -189,28 +189,38 @@ class _Run:
         resumed_epochs = len(history)
         # A run stopped by its reporter stays stopped when it is started again (a requeued pruned trial).
         end_epoch = start_epoch if stopped else config.epochs
+        # A reporter that hands the epoch's checkpoint on (Ray Tune's PBT) needs it written first.
+        save_first = bool(config.checkpoint_dir) and getattr(self.reporter, "checkpoint_before_report", False)
         for epoch in range(start_epoch, end_epoch):
             metrics = self._epoch(epoch)
             history.append(metrics)
+            if save_first:
+                self._save(epoch + 1, metrics.step, history, stopped=False)
             decision = self._report(metrics)
             stopped = decision == _STOP and epoch + 1 < config.epochs
-            if config.checkpoint_dir and env.is_main:
-                began = time.perf_counter()
-                checkpoint.save(
-                    config.checkpoint_dir,
-                    self.state,
-                    epoch + 1,
-                    metrics.step,
-                    self.fingerprint,
-                    [m.to_dict() for m in history],
-                    stopped=stopped,
-                )
-                self.timer.totals["checkpoint"] += time.perf_counter() - began
+            if config.checkpoint_dir and (stopped or not save_first):
+                self._save(epoch + 1, metrics.step, history, stopped)
             if decision == _STOP:
                 if env.is_main:
                     log.info("stopped by the reporter after epoch %d", epoch + 1)
                 break
         return self._result(history, start_epoch, stopped, history[resumed_epochs:])
+
+    def _save(self, epoch: int, step: int, history: list[EpochMetrics], stopped: bool) -> None:
+        if not self.env.is_main:
+            return
+        assert self.config.checkpoint_dir is not None
+        began = time.perf_counter()
+        checkpoint.save(
+            self.config.checkpoint_dir,
+            self.state,
+            epoch,
+            step,
+            self.fingerprint,
+            [m.to_dict() for m in history],
+            stopped=stopped,
+        )
+        self.timer.totals["checkpoint"] += time.perf_counter() - began
 
     def _resume(self) -> tuple[int, list[EpochMetrics], bool]:
         """Load the checkpoint if rank 0 sees one; every rank then starts at rank 0's epoch."""
@@ -225,8 +235,10 @@ class _Run:
                 "checkpoint_dir must be on a filesystem every node shares"
             )
         payload = checkpoint.load(path, self.device)
-        checkpoint.check_fingerprint(path, payload["fingerprint"], self.fingerprint)
+        changes = self.config.resume_changes
+        checkpoint.check_fingerprint(path, payload["fingerprint"], self.fingerprint, may_differ=changes)
         checkpoint.restore(payload, self.state)
+        checkpoint.adopt_changes(self.optimizer, payload["fingerprint"], self.fingerprint, changes)
         history = [EpochMetrics(**m) for m in payload["history"]]
         return int(payload["epoch"]), history, bool(payload.get("stopped", False))
 
@@ -330,10 +342,16 @@ class _Run:
             sums[5] += labels.size(0)
 
     def _report(self, metrics: EpochMetrics) -> int:
-        """Ask the reporter on rank 0; every rank gets its answer (no rank may be left waiting)."""
+        """Ask the reporter on rank 0; every rank gets its answer (no rank may be left waiting).
+
+        A reporter with a true ``every_rank`` attribute is called on every rank it was given to,
+        before the answer is shared (Ray Train's report is a barrier that every worker must reach);
+        only rank 0's answer counts.
+        """
         decision = _CONTINUE
         failure: BaseException | None = None
-        if self.env.is_main and self.reporter is not None:
+        every_rank = getattr(self.reporter, "every_rank", False)
+        if self.reporter is not None and (self.env.is_main or every_rank):
             try:
                 decision = _STOP if self.reporter.report(metrics) == Decision.STOP else _CONTINUE
             except BaseException as err:

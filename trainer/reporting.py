@@ -42,7 +42,13 @@ class EpochMetrics:
 
 
 class Reporter(Protocol):
-    """Called on rank 0 after each epoch; STOP ends the run on every rank."""
+    """Called on rank 0 after each epoch; STOP ends the run on every rank.
+
+    A reporter with a true ``checkpoint_before_report`` attribute is called after the epoch's
+    checkpoint is written (it passes the checkpoint on), instead of before. One with a true
+    ``every_rank`` attribute is called on every rank it is given to (Ray Train's report is a
+    barrier for all workers); rank 0's answer decides.
+    """
 
     def report(self, metrics: EpochMetrics) -> Decision | None: ...
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpo.storage import StorageRef
-from hpo.trial_job import Objective, TrainerObjective
+from hpo.trial_job import Objective
 
 if TYPE_CHECKING:
     from hpo.studyfile import StudySpec
@@ -72,7 +72,7 @@ class RayClusterTask:
 
     spec: StudySpec
     storage: StorageRef
-    objective: Objective = dataclasses.field(default_factory=TrainerObjective)
+    objective: Objective | None = None  # None: the trainer, as the driver sets it up
 
     def __call__(self) -> dict[str, Any]:
         import submitit

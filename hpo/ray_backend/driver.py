@@ -6,20 +6,25 @@ Tune's ``OptunaSearch``) proposes them and keeps the record, in the study's own 
 
 The study file is the same as for the Optuna backend. Its pruner maps onto Tune's schedulers:
 ``successive_halving`` -> ASHA, ``hyperband`` -> HyperBand, ``median`` -> median stopping,
-``none`` -> FIFO, each counting time in epochs (Tune's ``training_iteration``).
+``none`` -> FIFO, each counting time in epochs (Tune's ``training_iteration``); ``pbt`` is
+Population Based Training (see ``population``).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpo import study as study_lib
 from hpo.errors import StudyFileError
+from hpo.ray_backend import population
 from hpo.storage import StorageRef, check_reachable
-from hpo.trial_job import Objective, TrainerObjective, now_iso
+from hpo.trial_job import Objective, TrainerObjective, checkpoint_dir, now_iso
+from trainer.checkpoint import CHECKPOINT_NAME
 from trainer.reporting import Decision, EpochMetrics
 
 if TYPE_CHECKING:
@@ -27,7 +32,7 @@ if TYPE_CHECKING:
 
     from hpo.studyfile import StudySpec
 
-RAY_PRUNERS = ("successive_halving", "hyperband", "median", "none")
+RAY_PRUNERS = ("successive_halving", "hyperband", "median", "none", "pbt")
 
 
 def check_ray_settings(spec: StudySpec) -> None:
@@ -44,6 +49,11 @@ def check_ray_settings(spec: StudySpec) -> None:
             f"{spec.source}: study.pruner.name: {spec.study.pruner.name!r} has no Ray Tune scheduler; "
             f"the Ray backend takes {', '.join(RAY_PRUNERS)}"
         )
+    if spec.study.pruner.name == "pbt":
+        population.build_scheduler(spec)
+    else:
+        # The options are Optuna's pruner's, so that one study file serves both backends.
+        study_lib.build_pruner(spec.study.pruner, spec.source)
     if spec.resources.tasks_per_node > 1:
         raise StudyFileError(
             f"{spec.source}: resources.tasks_per_node: the Ray backend runs single-process trials "
@@ -81,15 +91,35 @@ def build_scheduler(spec: StudySpec, epochs: int) -> Any:
     return FIFOScheduler()
 
 
-def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective) -> None:
-    """One Tune trial: the objective, reporting each epoch to Tune (which may stop it there)."""
+def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective, pbt: bool = False) -> None:
+    """One Tune trial: the objective, reporting each epoch to Tune (which may stop it there).
+
+    Under PBT each epoch's report carries the trainer's checkpoint, and a trial that Tune starts
+    from a checkpoint (another member's weights, or its own after a pause) trains on from it.
+    """
     from ray import tune
 
+    trial_key = f"ray-{tune.get_context().get_trial_id()}"  # unique across launches
+    own_checkpoint = checkpoint_dir(spec, trial_key)
+
     class TuneReporter:
+        checkpoint_before_report = pbt
+
         def report(self, metrics: EpochMetrics) -> Decision:
             node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-            tune.report({**metrics.to_dict(), "node": node})  # Tune overwrites "hostname"
+            payload = {**metrics.to_dict(), "node": node}  # Tune overwrites "hostname"
+            if pbt:
+                tune.report(payload, checkpoint=tune.Checkpoint.from_directory(str(own_checkpoint)))
+            else:
+                tune.report(payload)
             return Decision.CONTINUE  # Tune stops the trial itself when its scheduler says so
+
+    config = {key: value for key, value in config.items() if key != population.MEMBER_KEY}
+    handed = tune.get_checkpoint() if pbt else None
+    if handed is not None:
+        with handed.as_directory() as folder:
+            own_checkpoint.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(folder) / CHECKPOINT_NAME, own_checkpoint / CHECKPOINT_NAME)
 
     # A Tune trial is one process, but Ray's workers inherit the Slurm step's variables of the
     # node they run on: the trainer would take itself for one rank of a multi-task step and wait
@@ -103,8 +133,7 @@ def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective) ->
         "MASTER_PORT",
     ):
         os.environ.pop(name, None)
-    # The trainer's checkpoint folder is named after Tune's trial id (unique across launches).
-    objective(spec, f"ray-{tune.get_context().get_trial_id()}", dict(config), TuneReporter())
+    objective(spec, trial_key, config, TuneReporter())
 
 
 def _searcher(spec: StudySpec, storage: Any, epochs: int, job_id: str) -> Any:
@@ -200,7 +229,9 @@ def run(
     import ray
     from ray import tune
 
-    objective = objective or TrainerObjective()
+    pbt = spec.study.pruner.name == "pbt"
+    # Under PBT a member goes on from another's checkpoint with perturbed optimizer settings.
+    objective = objective or TrainerObjective(",".join(population.mutations(spec)) if pbt else "")
     backend = check_reachable(storage, spec.source)
     study = study_lib.load(spec, backend, create=True)
     study_lib.check_direction(study, spec)
@@ -215,6 +246,7 @@ def run(
         return
     epochs = int(spec.trainer.get("epochs", 1))
     job_id = os.environ.get("SLURM_JOB_ID", f"local-{os.getpid()}")
+    recorder: population.PopulationRecorder | None = None
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
@@ -222,16 +254,37 @@ def run(
     try:
         resources = {"cpu": float(spec.resources.cpus_per_task), "gpu": float(spec.resources.gpus_per_node)}
         trainable = tune.with_resources(
-            tune.with_parameters(_trainable, spec=spec, objective=objective), resources=resources
+            tune.with_parameters(_trainable, spec=spec, objective=objective, pbt=pbt), resources=resources
         )
         timeout_min = spec.study.timeout_min
+        search_alg: Any
+        if pbt:
+            from ray.tune.search import BasicVariantGenerator
+
+            # PBT takes no search algorithm: Optuna's sampler proposes the first population.
+            members, configs = population.first_population(study, spec, remaining, job_id)
+            recorder = population.PopulationRecorder(study, spec, members)
+            search_alg = BasicVariantGenerator(
+                points_to_evaluate=configs, max_concurrent=spec.study.max_concurrent
+            )
+            scheduler, max_concurrent = population.build_scheduler(spec), None
+            callbacks = [recorder.as_tune_callback()]
+            # Tune sets a preset config's keys only where the search space has them.
+            param_space = dict.fromkeys(configs[0])
+            # PBT clones from a member's latest checkpoints; it warns when fewer than 3 are kept.
+            checkpoints = tune.CheckpointConfig(num_to_keep=3)
+        else:
+            search_alg = _searcher(spec, backend, epochs, job_id)
+            scheduler, max_concurrent = build_scheduler(spec, epochs), spec.study.max_concurrent
+            callbacks, checkpoints, param_space = [], None, None
         tuner = tune.Tuner(
             trainable,
+            param_space=param_space,
             tune_config=tune.TuneConfig(
-                search_alg=_searcher(spec, backend, epochs, job_id),
-                scheduler=build_scheduler(spec, epochs),
+                search_alg=search_alg,
+                scheduler=scheduler,
                 num_samples=remaining,
-                max_concurrent_trials=spec.study.max_concurrent,
+                max_concurrent_trials=max_concurrent,
                 time_budget_s=None if timeout_min is None else 60 * timeout_min,
                 metric=spec.study.metric,
                 mode="max" if spec.study.direction == "maximize" else "min",
@@ -239,9 +292,13 @@ def run(
             run_config=tune.RunConfig(
                 name=f"{spec.study.name}-{int(time.time())}",
                 storage_path=str(spec.workdir / "ray_results"),
+                callbacks=callbacks,
+                checkpoint_config=checkpoints,
                 verbose=0,
             ),
         )
         tuner.fit()
     finally:
+        if recorder is not None:
+            recorder.fail_unfinished("not finished when its Ray run ended (time budget or stop)")
         ray.shutdown()

@@ -13,7 +13,7 @@ from hpo.errors import LaunchError
 from hpo.ray_backend import driver
 from hpo.ray_backend.cluster import RayClusterTask, slots_per_node
 from hpo.storage import StorageRef, check_reachable, mask
-from hpo.trial_job import Objective, TrainerObjective
+from hpo.trial_job import Objective
 
 if TYPE_CHECKING:
     import optuna
@@ -25,7 +25,6 @@ def launch(
     spec: StudySpec, storage: StorageRef, executor: str, objective: Objective | None = None, log: Any = print
 ) -> optuna.Study:
     """Run the study's remaining trials with Ray Tune; returns the study once the run has ended."""
-    objective = objective or TrainerObjective()
     if executor == "local":
         driver.run(spec, storage, objective=objective, log=log)
         return study_lib.load(spec, check_reachable(storage, spec.source), create=False)
@@ -46,7 +45,9 @@ def launch(
     return study
 
 
-def _submit(spec: StudySpec, storage: StorageRef, objective: Objective, remaining: int, log: Any) -> Any:
+def _submit(
+    spec: StudySpec, storage: StorageRef, objective: Objective | None, remaining: int, log: Any
+) -> Any:
     slots = slots_per_node(spec)
     # The allocation: `nodes` nodes, each with room for its share of the concurrent trials.
     node_resources = dataclasses.replace(

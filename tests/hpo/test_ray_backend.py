@@ -171,3 +171,48 @@ def _trials_or_none(document: dict[str, Any], storage: str) -> list[Any] | None:
     from tests.hpo.test_launch import _trials_or_none as read
 
     return read(document, storage)
+
+
+def test_population_based_training_records_each_member_and_what_it_took_from_others(
+    tmp_path: Path, fashion_mnist_root: str
+) -> None:
+    """PBT (a Ray-only scheduler): a bad member takes the good one's weights and perturbed lr."""
+    document = study_document(
+        "ray-pbt",
+        tmp_path / "work",
+        study={
+            "backend": "ray",
+            "n_trials": 2,
+            "enqueue": [GOOD, BAD],
+            "pruner": {
+                "name": "pbt",
+                "options": {"perturbation_interval": 1, "quantile_fraction": 0.5, "mutations": ["lr"]},
+            },
+        },
+        trainer={"epochs": 4},
+    )
+    study_file = write_study(tmp_path / "study.yaml", document)
+    proc = run_hpo("launch", str(study_file))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    trials = load_trials(document)
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    good, bad = trials
+    assert (good.params["lr"], bad.params["lr"]) == (GOOD["lr"], BAD["lr"])  # what each started with
+    for trial in trials:
+        epochs = sorted(trial.intermediate_values)
+        # A member that takes the weights of one ahead of it skips to its epoch.
+        assert epochs[-1] == 4 and epochs == sorted(set(epochs)), trial.intermediate_values
+        assert trial.user_attrs["epochs_completed"] == 4
+    schedule = bad.user_attrs["pbt_schedule"]
+    assert schedule and schedule[0]["weights_of_trial"] == good.number, schedule
+    for change in schedule:
+        assert 0.001 <= change["params"]["lr"] <= 1.0 and change["params"]["batch_size"] == GOOD["batch_size"]
+    assert bad.user_attrs["pbt_final_params"] == schedule[-1]["params"]
+    # Having taken the good member's weights, the bad one ends near it instead of near chance.
+    assert bad.value > 0.5 * good.value, (bad.value, good.value)
+    best = run_hpo("best", str(study_file))
+    assert best.returncode == 0, best.stderr
+    best_trial = max(trials, key=lambda t: t.value)
+    assert best.stdout.startswith(f"best trial {best_trial.number}:"), best.stdout
+    if best_trial is bad:  # its own params and those PBT gave it, and a command with the latter
+        assert "PBT, after epoch" in best.stdout and "params at the end:" in best.stdout, best.stdout

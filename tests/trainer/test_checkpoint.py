@@ -106,3 +106,42 @@ def test_a_stop_at_the_last_epoch_is_not_an_early_stop_after_a_restart(
     again = train(config)
     assert (first.stopped_early, again.stopped_early) == (False, False)
     assert again.epochs_completed == 2
+
+
+class FailAfterSaving:
+    """Stands for a run interrupted right after its epoch-1 checkpoint (as PBT pauses one)."""
+
+    checkpoint_before_report = True
+
+    def report(self, metrics: EpochMetrics) -> Decision:
+        raise RuntimeError("interrupted")
+
+
+def test_a_resumed_run_takes_up_the_optimizer_changes_it_allows(
+    tmp_path: Path, fashion_mnist_root: str
+) -> None:
+    """Population Based Training continues one run's checkpoint with a perturbed lr and weight decay."""
+    settings = {"epochs": 2, "max_steps_per_epoch": 6, "lr": 0.2, "weight_decay": 1e-4}
+    for folder in ("same", "changed"):
+        with pytest.raises(RuntimeError, match="interrupted"):
+            train(tiny_config(**settings, checkpoint_dir=str(tmp_path / folder)), FailAfterSaving())
+        assert checkpoint_path(tmp_path / folder).exists()
+    same = train(tiny_config(**settings, checkpoint_dir=str(tmp_path / "same")))
+    changed = train(
+        tiny_config(
+            **{**settings, "lr": 0.4, "weight_decay": 5e-4},
+            checkpoint_dir=str(tmp_path / "changed"),
+            resume_may_change="lr,weight_decay",
+        )
+    )
+    assert same.resumed_from_epoch == changed.resumed_from_epoch == 1
+    # The schedule goes on from where it stood, twice as high.
+    assert changed.history[-1].lr == pytest.approx(2 * same.history[-1].lr)
+    saved = torch.load(checkpoint_path(tmp_path / "changed"), weights_only=False)
+    assert [g["weight_decay"] for g in saved["optimizer"]["param_groups"]] == [5e-4]
+    assert saved["fingerprint"]["lr"] == 0.4
+
+
+def test_only_optimizer_settings_may_change_on_resume() -> None:
+    with pytest.raises(ConfigError, match="resume_may_change: 'batch_size' cannot change mid-run"):
+        tiny_config(resume_may_change="lr,batch_size")
