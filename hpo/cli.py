@@ -218,13 +218,13 @@ def _launch(args: argparse.Namespace, spec: StudySpec, storage: StorageRef) -> i
 def _launch_ray(spec: StudySpec, storage: StorageRef, executor: str) -> int:
     from hpo import executors, launcher
     from hpo.ray_backend import launch as ray_launch
-    from hpo.ray_backend.cluster import slots_per_node
+    from hpo.ray_backend.cluster import cpus_per_trial, slots_per_node
 
     executors.check_executor_available(spec, executor)
     if executor == "slurm":
         res, slots = spec.resources, slots_per_node(spec)
         executors.check_partition_capacity(
-            spec, res.nodes, res.gpus_per_node * slots, res.cpus_per_task * slots
+            spec, res.nodes, res.gpus_per_node * slots, cpus_per_trial(spec) * slots
         )
     if executor == "local":
         _check_local_data(spec)

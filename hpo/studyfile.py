@@ -253,7 +253,12 @@ class Resources:
         "local", "slurm (one Slurm job per trial, through submitit) or local (processes here)."
     )
     nodes: int = _field(1, "Nodes per trial.")
-    tasks_per_node: int = _field(1, "Processes per node (one per GPU for DDP).")
+    tasks_per_node: int = _field(
+        1,
+        "Processes per node (one per GPU for DDP). With the Ray backend, N > 1 makes each trial a DDP "
+        "run of N Ray Train workers (TorchTrainer), each with cpus_per_task CPUs and gpus_per_node / N "
+        "GPUs (nodes is then the size of the allocation the trials share).",
+    )
     gpus_per_node: int = _field(0, "GPUs per node.")
     cpus_per_task: int = _field(1, "CPU cores per process (also the trainer's torch threads).")
     mem_gb: float | None = _field(None, "Memory per node in GB (default: the partition's).")
@@ -347,7 +352,11 @@ class StudySpec:
         values.update(params)
         lr_spec = self.search_space.get("lr")
         if lr_spec is not None and lr_spec.scale_with_batch_size and "lr" in params:
-            global_batch = int(values.get("batch_size", TrainConfig.batch_size)) * self.resources.world_size
+            # A Ray-backend trial spans tasks_per_node ranks: its nodes are the shared allocation's.
+            ranks = (
+                self.resources.tasks_per_node if self.study.backend == "ray" else self.resources.world_size
+            )
+            global_batch = int(values.get("batch_size", TrainConfig.batch_size)) * ranks
             values["lr"] = float(params["lr"]) * global_batch / lr_spec.scale_with_batch_size
         values.update(runtime)
         return TrainConfig.from_mapping(values)

@@ -37,7 +37,8 @@ class ObjectiveResult:
 
 
 class Objective(Protocol):
-    """Runs one trial's work on this rank; ``reporter`` is None on ranks other than 0."""
+    """Runs one trial's work on this rank. ``reporter`` is None on ranks other than 0, except in a
+    Ray Train DDP trial, whose reporter every rank calls (Train's report is a barrier)."""
 
     def __call__(
         self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: Reporter | None

@@ -1,4 +1,6 @@
-"""Process-group set-up for runs launched by srun, by torchrun, or as a single process.
+"""Process-group set-up for runs launched by srun, by torchrun, or as a single process; or a
+process group that the caller already set up (Ray Train initializes it before calling the worker
+function), which the run takes as it is and leaves to its owner.
 
 The rendezvous port: trials of an HPO study often share a node, and a port computed from the job
 id collides when two such numbers coincide modulo the port range, or when there is no job id at
@@ -74,8 +76,19 @@ def expand_hostlist(hostlist: str) -> list[str]:
 
 
 def detect(environ: Mapping[str, str] | None = None) -> DistEnv:
-    """Read ranks from torchrun's variables, else from an srun step's, else run as a single process."""
+    """Take an already initialized process group, else read ranks from torchrun's variables, else
+    from an srun step's, else run as a single process."""
     env = os.environ if environ is None else environ
+    if dist.is_available() and dist.is_initialized():
+        # Ray Train also exports RANK, WORLD_SIZE and MASTER_PORT: the group, not those, is the truth.
+        return DistEnv(
+            rank=dist.get_rank(),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            world_size=dist.get_world_size(),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            rendezvous_key="external",
+            launcher="external",
+        )
     if "RANK" in env and "WORLD_SIZE" in env and "MASTER_PORT" in env:
         return DistEnv(
             rank=int(env["RANK"]),
@@ -115,17 +128,20 @@ def rendezvous_dir(checkpoint_dir: str | None) -> Path:
     return Path(tempfile.gettempdir())
 
 
-def init_process_group(env: DistEnv, backend: str, timeout_s: int, checkpoint_dir: str | None) -> None:
-    """Join the job's process group (no-op for a single process)."""
-    if not env.is_distributed:
-        return
+def init_process_group(env: DistEnv, backend: str, timeout_s: int, checkpoint_dir: str | None) -> bool:
+    """Join the job's process group; True if this call created it (and so its caller destroys it).
+
+    A no-op for a single process and for a group the caller set up (``launcher == "external"``).
+    """
+    if not env.is_distributed or env.launcher == "external":
+        return False
     timeout = timedelta(seconds=timeout_s)
     if env.launcher == "torchrun":
         # torchrun's agent already serves a store on MASTER_PORT; env:// joins it.
         dist.init_process_group(
             backend, init_method="env://", rank=env.rank, world_size=env.world_size, timeout=timeout
         )
-        return
+        return True
     if env.master_port is not None:
         store = dist.TCPStore(
             env.master_addr,
@@ -143,6 +159,7 @@ def init_process_group(env: DistEnv, backend: str, timeout_s: int, checkpoint_di
             )
         store = _published_port_store(env, rendezvous_dir(checkpoint_dir), timeout_s)
     dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout)
+    return True
 
 
 def _published_port_store(env: DistEnv, directory: Path, timeout_s: int) -> dist.TCPStore:

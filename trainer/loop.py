@@ -37,11 +37,13 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> TrainResult:
     env = distributed.detect()
     device = resolve_device(config, env)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    distributed.init_process_group(env, backend, config.dist_timeout_s, config.checkpoint_dir)
+    created = distributed.init_process_group(env, backend, config.dist_timeout_s, config.checkpoint_dir)
     try:
         return _Run(config, env, device, reporter).run()
     finally:
-        distributed.destroy_process_group()
+        # A group set up by the caller (Ray Train) is the caller's to destroy.
+        if created:
+            distributed.destroy_process_group()
 
 
 def resolve_device(config: TrainConfig, env: distributed.DistEnv) -> torch.device:

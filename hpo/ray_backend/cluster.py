@@ -6,9 +6,10 @@ workers that join it. What makes this work on shared nodes and shared filesystem
 - every port is chosen free on its node at start, so that two Ray clusters (two studies, or the
   two emulated nodes of one host) never collide;
 - the temp dir is short (``/tmp/ray-<job>-<task>``): Ray's AF_UNIX socket paths must fit in 107 bytes;
-- the head publishes its address in the study's workdir (shared across nodes), workers wait for it
-  with a bound, and the head waits, with a bound, for every node to join; a cluster that does not
-  come up ends the job with one clear log line, which the launcher reports;
+- the head publishes its address in the study's workdir (shared across nodes) and starts the Tune
+  driver at once (trials start on the head while the workers join); workers wait for the address
+  with a bound and mark when they have joined; a node whose Ray does not start ends the job (srun
+  --kill-on-bad-exit) with one clear log line, which the launcher reports;
 - the dashboard listens on 127.0.0.1 of the head only (Ray's token authentication is on); `hpo
   tunnel` prints the ssh command that reaches it.
 """
@@ -24,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +63,11 @@ def read_rendezvous(path: Path) -> dict[str, Any] | None:
     return data
 
 
+def cpus_per_trial(spec: StudySpec) -> int:
+    """A trial's CPUs: one process, or tasks_per_node Ray Train workers (a DDP trial)."""
+    return spec.resources.cpus_per_task * spec.resources.tasks_per_node
+
+
 def slots_per_node(spec: StudySpec) -> int:
     """Trials each node of the allocation runs at once (max_concurrent spread over the nodes)."""
     return -(-spec.study.max_concurrent // spec.resources.nodes)
@@ -90,7 +97,7 @@ class RayClusterTask:
             token.touch(mode=0o600)
             token.write_text(secrets.token_hex(32))
             return self._head(job_id, nodes, node_ip, temp_dir, rdv)
-        return self._worker(job_id, node_ip, temp_dir, rdv)
+        return self._worker(job_id, rank, node_ip, temp_dir, rdv)
 
     def _head(self, job_id: str, nodes: int, node_ip: str, temp_dir: str, rdv: Path) -> dict[str, Any]:
         from hpo.ray_backend import driver
@@ -112,8 +119,9 @@ class RayClusterTask:
             f"ray head on {_node_name()} ({address}), dashboard on 127.0.0.1:{named['dashboard-port']}",
             flush=True,
         )
+        watcher = threading.Thread(target=_report_joined, args=(rdv, nodes), daemon=True)
+        watcher.start()
         try:
-            _wait_for_nodes(address, nodes)
             driver.run(self.spec, self.storage, address=address, objective=self.objective)
         finally:
             data = read_rendezvous(rdv) or {}
@@ -121,18 +129,19 @@ class RayClusterTask:
             _stop_ray(temp_dir)
         return {"rank": 0}
 
-    def _worker(self, job_id: str, node_ip: str, temp_dir: str, rdv: Path) -> dict[str, Any]:
+    def _worker(self, job_id: str, rank: int, node_ip: str, temp_dir: str, rdv: Path) -> dict[str, Any]:
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         while (data := read_rendezvous(rdv)) is None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"ray cluster: no head address in {rdv} after {JOIN_TIMEOUT_S} s")
-            time.sleep(1)
+            time.sleep(0.2)
         ports = _free_ports(len(_PORT_NAMES) + 1)
         named = dict(zip(_PORT_NAMES[1:], ports, strict=False))  # a worker has no GCS port
         named.pop("dashboard-port", None)
         named.pop("ray-client-server-port", None)
         _ray_start([f"--address={data['address']}"], named, node_ip, temp_dir, self.spec)
         print(f"ray worker on {_node_name()} joined {data['address']}", flush=True)
+        joined_marker(rdv, rank).touch()
         try:  # stay until the head is done: the job ends when every task has returned
             while not (read_rendezvous(rdv) or {}).get("done"):
                 time.sleep(2)
@@ -142,6 +151,8 @@ class RayClusterTask:
 
 
 def _ray_start(extra: list[str], ports: dict[str, int], node_ip: str, temp_dir: str, spec: StudySpec) -> None:
+    from hpo.ray_backend import driver
+
     slots = slots_per_node(spec)
     low = _free_range(_WORKER_PORTS + 1, avoid=set(ports.values()))
     args = [
@@ -150,32 +161,37 @@ def _ray_start(extra: list[str], ports: dict[str, int], node_ip: str, temp_dir: 
         *extra,
         f"--node-ip-address={node_ip}",
         f"--temp-dir={temp_dir}",
-        f"--num-cpus={spec.resources.cpus_per_task * slots}",
+        f"--num-cpus={cpus_per_trial(spec) * slots}",
         f"--num-gpus={spec.resources.gpus_per_node * slots}",
         f"--min-worker-port={low}",
         f"--max-worker-port={low + _WORKER_PORTS}",
         "--disable-usage-stats",
         *(f"--{name}={port}" for name, port in ports.items()),
     ]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        args, capture_output=True, text=True, timeout=300, env={**os.environ, **driver.ACTOR_ENV}
+    )
     if proc.returncode != 0:
         tail = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()][-3:]
         raise RuntimeError(f"ray start failed on {_node_name()}: {' | '.join(tail)}")
 
 
-def _wait_for_nodes(address: str, nodes: int) -> None:
-    import ray
+def joined_marker(rdv: Path, rank: int) -> Path:
+    return rdv.with_name(f"{rdv.stem}.joined-{rank}")
 
-    ray.init(address=address, log_to_driver=False)
-    try:
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
-        while (alive := sum(1 for node in ray.nodes() if node.get("Alive"))) < nodes:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"ray cluster: {alive} of {nodes} nodes joined within {JOIN_TIMEOUT_S} s")
-            time.sleep(1)
-        print(f"ray cluster: {nodes} of {nodes} nodes up", flush=True)
-    finally:
-        ray.shutdown()
+
+def _report_joined(rdv: Path, nodes: int) -> None:
+    """Log when every node has joined, or, past the bound, how many did (the trials run on those)."""
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    while True:
+        joined = 1 + sum(1 for rank in range(1, nodes) if joined_marker(rdv, rank).exists())
+        if joined == nodes:
+            print(f"ray cluster: {nodes} of {nodes} nodes up", flush=True)
+            return
+        if time.monotonic() > deadline:
+            print(f"ray cluster: only {joined} of {nodes} nodes joined within {JOIN_TIMEOUT_S} s", flush=True)
+            return
+        time.sleep(0.5)
 
 
 def _free_ports(count: int) -> list[int]:

@@ -21,16 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 from hpo import study as study_lib
 from hpo.errors import StudyFileError
-from hpo.ray_backend import population
+from hpo.ray_backend import ddp_trial, population
 from hpo.storage import StorageRef, check_reachable
 from hpo.trial_job import Objective, TrainerObjective, checkpoint_dir, now_iso
-from trainer.checkpoint import CHECKPOINT_NAME
 from trainer.reporting import Decision, EpochMetrics
 
 if TYPE_CHECKING:
     import optuna
 
     from hpo.studyfile import StudySpec
+
+# Set where Ray's processes start (the local instance, `ray start` on each node): Tune's default 2 s
+# for a stopped trial's thread to end, before its actor is reused, is short for a trainer closing
+# its DataLoader workers on a busy node.
+ACTOR_ENV = {"TUNE_FUNCTION_THREAD_TIMEOUT_S": "20"}
 
 RAY_PRUNERS = ("successive_halving", "hyperband", "median", "none", "pbt")
 
@@ -54,11 +58,8 @@ def check_ray_settings(spec: StudySpec) -> None:
     else:
         # The options are Optuna's pruner's, so that one study file serves both backends.
         study_lib.build_pruner(spec.study.pruner, spec.source)
-    if spec.resources.tasks_per_node > 1:
-        raise StudyFileError(
-            f"{spec.source}: resources.tasks_per_node: the Ray backend runs single-process trials "
-            f"(resources.nodes is the size of its one allocation); got {spec.resources.tasks_per_node}"
-        )
+    if spec.resources.tasks_per_node > 1:  # each trial a DDP run of Ray Train workers
+        ddp_trial.check_settings(spec)
 
 
 def build_scheduler(spec: StudySpec, epochs: int) -> Any:
@@ -117,6 +118,8 @@ def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective, pb
     config = {key: value for key, value in config.items() if key != population.MEMBER_KEY}
     handed = tune.get_checkpoint() if pbt else None
     if handed is not None:
+        from trainer.checkpoint import CHECKPOINT_NAME  # imports torch: only where it is needed
+
         with handed.as_directory() as folder:
             own_checkpoint.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(Path(folder) / CHECKPOINT_NAME, own_checkpoint / CHECKPOINT_NAME)
@@ -250,12 +253,19 @@ def run(
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
+        os.environ.update(ACTOR_ENV)
         ray.init(num_cpus=max(1, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
     try:
-        resources = {"cpu": float(spec.resources.cpus_per_task), "gpu": float(spec.resources.gpus_per_node)}
-        trainable = tune.with_resources(
-            tune.with_parameters(_trainable, spec=spec, objective=objective, pbt=pbt), resources=resources
-        )
+        if spec.resources.tasks_per_node > 1:  # a DDP trial: its Ray Train workers hold the resources
+            trainable = ddp_trial.tune_trainable(spec, objective)
+        else:
+            resources = {
+                "cpu": float(spec.resources.cpus_per_task),
+                "gpu": float(spec.resources.gpus_per_node),
+            }
+            trainable = tune.with_resources(
+                tune.with_parameters(_trainable, spec=spec, objective=objective, pbt=pbt), resources=resources
+            )
         timeout_min = spec.study.timeout_min
         search_alg: Any
         if pbt:
@@ -285,6 +295,10 @@ def run(
                 scheduler=scheduler,
                 num_samples=remaining,
                 max_concurrent_trials=max_concurrent,
+                # A trial in a warm actor skips a new worker process and its imports (seconds on a
+                # busy node). Tune fails the new trial if the last one's thread has not ended within
+                # TUNE_FUNCTION_THREAD_TIMEOUT_S (see ACTOR_ENV); a stopped trial ends at its report.
+                reuse_actors=True,
                 time_budget_s=None if timeout_min is None else 60 * timeout_min,
                 metric=spec.study.metric,
                 mode="max" if spec.study.direction == "maximize" else "min",

@@ -11,7 +11,7 @@ from hpo import executors
 from hpo import study as study_lib
 from hpo.errors import LaunchError
 from hpo.ray_backend import driver
-from hpo.ray_backend.cluster import RayClusterTask, slots_per_node
+from hpo.ray_backend.cluster import RayClusterTask, cpus_per_trial, slots_per_node
 from hpo.storage import StorageRef, check_reachable, mask
 from hpo.trial_job import Objective
 
@@ -53,7 +53,7 @@ def _submit(
     node_resources = dataclasses.replace(
         spec.resources,
         tasks_per_node=1,
-        cpus_per_task=spec.resources.cpus_per_task * slots,
+        cpus_per_task=cpus_per_trial(spec) * slots,
         gpus_per_node=spec.resources.gpus_per_node * slots,
     )
     waves = math.ceil(remaining / spec.study.max_concurrent)

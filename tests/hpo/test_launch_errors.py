@@ -64,3 +64,22 @@ def test_a_job_larger_than_the_partition_is_rejected_with_the_numbers(
         assert f"{study_file}: resources: a job needs 2 nodes with 1 GPUs" in line
         assert "has 2 nodes, 0 of them big enough (at most 0 GPUs and 2 CPUs per node)" in line
         assert not (tmp_path / backend / "jobs").exists()
+
+
+def test_ray_ddp_trials_that_cannot_run_are_refused_in_one_line(tmp_path: Path) -> None:
+    cases = [
+        ({"tasks_per_node": 2, "gpus_per_node": 3}, {}, "2 Ray Train workers cannot share gpus_per_node=3"),
+        ({"tasks_per_node": 64, "cpus_per_task": 64}, {}, "64 workers x cpus_per_task=64 need 4096 CPUs"),
+        ({"tasks_per_node": 2}, {"pruner": {"name": "pbt", "options": {}}}, "PBT hands checkpoints between"),
+    ]
+    for index, (resources, study, problem) in enumerate(cases):
+        document = study_document(
+            f"ray-ddp-bad-{index}", tmp_path / f"work{index}", study={"backend": "ray", **study},
+            resources=resources,
+        )  # fmt: skip
+        study_file = write_study(tmp_path / f"study{index}.yaml", document)
+        proc = launch(study_file)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        [line] = proc.stderr.splitlines()
+        assert line.startswith(f"hpo launch: error: {study_file}: resources.tasks_per_node: {problem}"), line
+        assert not (tmp_path / f"work{index}").exists()

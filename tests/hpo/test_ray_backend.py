@@ -216,3 +216,62 @@ def test_population_based_training_records_each_member_and_what_it_took_from_oth
     assert best.stdout.startswith(f"best trial {best_trial.number}:"), best.stdout
     if best_trial is bad:  # its own params and those PBT gave it, and a command with the latter
         assert "PBT, after epoch" in best.stdout and "params at the end:" in best.stdout, best.stdout
+
+
+def test_local_ray_backend_runs_each_trial_as_a_ddp_run_of_ray_train_workers(
+    tmp_path: Path, fashion_mnist_root: str
+) -> None:
+    """tasks_per_node: 2 makes each Tune trial a TorchTrainer of 2 workers (1 CPU each)."""
+    import torch
+
+    from trainer.checkpoint import checkpoint_path
+
+    document = study_document(
+        "ray-ddp",
+        tmp_path / "work",
+        study={
+            "backend": "ray", "n_trials": 2, "max_concurrent": 1, "enqueue": [GOOD, {**GOOD, "lr": 0.2}],
+            "pruner": {"name": "none", "options": {}},
+        },
+        trainer={"epochs": 2, "max_steps_per_epoch": 8, "train_fraction": 0.05, "val_fraction": 0.05},
+        resources={"executor": "local", "tasks_per_node": 2, "cpus_per_task": 1},
+    )  # fmt: skip
+    study_file = write_study(tmp_path / "study.yaml", document)
+    proc = run_hpo("launch", str(study_file), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    trials = load_trials(document)
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"], [t.user_attrs for t in trials]
+    for trial in trials:
+        # One result per epoch reached Tune and the study: rank 0's, not one per worker.
+        assert sorted(trial.intermediate_values) == [1, 2], trial.intermediate_values
+        assert trial.user_attrs["executor"] == "ray" and trial.user_attrs["epochs_completed"] == 2
+        assert trial.user_attrs["nodes"]  # the "node" key of the result, as for single-process trials
+    # Each trial trained as 2 ranks: its checkpoint was written for a world of 2 (the trainer's
+    # fingerprint), in the folder named after its Tune trial.
+    folders = sorted((tmp_path / "work" / "trials").glob("ray-*/checkpoint"))
+    assert len(folders) == 2, folders
+    for folder in folders:
+        saved = torch.load(checkpoint_path(folder), weights_only=False)
+        assert saved["fingerprint"]["world_size"] == 2
+        assert saved["epoch"] == 2
+
+
+def test_a_ddp_trial_that_tune_stops_frees_its_ray_train_workers_for_the_next_trial(
+    tmp_path: Path, fashion_mnist_root: str
+) -> None:
+    """ASHA stops the first trial at its last epoch (max_t) and the bad one after epoch 1: each stop
+    must end the trial's Train run and free its 2 CPUs (all this machine may have) at once."""
+    document = study_document(
+        "ray-ddp-asha",
+        tmp_path / "work",
+        study={"backend": "ray", "n_trials": 2, "max_concurrent": 1, "enqueue": [GOOD, BAD]},
+        trainer={"epochs": 2, "max_steps_per_epoch": 8, "train_fraction": 0.05, "val_fraction": 0.05},
+        resources={"executor": "local", "tasks_per_node": 2, "cpus_per_task": 1},
+    )
+    study_file = write_study(tmp_path / "study.yaml", document)
+    proc = run_hpo("launch", str(study_file), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Could not re-use actor" not in proc.stderr, proc.stderr
+    good, bad = load_trials(document)
+    assert (good.state.name, sorted(good.intermediate_values)) == ("COMPLETE", [1, 2])
+    assert (bad.state.name, sorted(bad.intermediate_values)) == ("PRUNED", [1])

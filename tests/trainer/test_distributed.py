@@ -208,3 +208,100 @@ def test_torchrun_launches_ddp_through_the_cli(tmp_path: Path, fashion_mnist_roo
     assert proc.stdout.count("result: ") == 1, "only rank 0 prints the result"
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["world_size"] == 2 and result["steps"] == 10
+
+
+def test_detect_takes_a_process_group_that_is_already_up(tmp_path: Path) -> None:
+    """Ray Train sets the group up before the worker function runs, and exports torchrun's
+    variables besides: the group decides, and the trainer neither joins nor creates another."""
+    import torch.distributed as dist
+
+    from trainer.distributed import init_process_group
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        exported = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_PORT": "1"}
+        env = detect(exported)
+        assert env == DistEnv(0, 1, 1, "127.0.0.1", None, "external", "external")
+        assert init_process_group(env, "gloo", 10, None) is False
+        assert dist.is_initialized()
+    finally:
+        dist.destroy_process_group()
+    assert detect(exported).launcher == "torchrun"
+
+
+class EveryRankRecorder:
+    """A reporter given to every rank, as the Ray backend's DDP trials give theirs."""
+
+    every_rank = True
+
+    def __init__(self) -> None:
+        self.epochs: list[int] = []
+
+    def report(self, metrics: EpochMetrics) -> Decision:
+        self.epochs.append(metrics.epoch)
+        return Decision.CONTINUE
+
+
+def _rank_in_a_ready_group(rank: int, world: int, store: str, config: dict[str, Any], results: Any) -> None:
+    """One worker as Ray Train starts it: the gloo group is up, torchrun's variables are set."""
+    for name in ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID"):
+        os.environ.pop(name, None)
+    # A MASTER_PORT nobody serves: joining through env:// would fail (and initializing twice raises).
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="1", OMP_NUM_THREADS="1",
+    )  # fmt: skip
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    from trainer import TrainConfig, train
+
+    reporter = EveryRankRecorder()
+    try:
+        env = detect()
+        result = train(TrainConfig.from_mapping(config), reporter)
+        # The group is still up after train() and still carries collectives: it is its owner's.
+        total = torch.tensor([rank + 1])
+        dist.all_reduce(total)
+        results.put((rank, "ok", (env.launcher, env.rank, env.world_size, result.world_size),
+                     int(total.item()), reporter.epochs, _metrics(result.to_dict()["history"])))  # fmt: skip
+    except Exception as err:
+        results.put((rank, type(err).__name__, str(err), 0, [], []))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_a_run_inside_a_ready_process_group_uses_it_and_leaves_it_up(
+    tmp_path: Path, fashion_mnist_root: str
+) -> None:
+    config = _ddp_config(tmp_path, epochs=2, max_steps_per_epoch=5)
+    results = SPAWN.Queue()
+    procs = [
+        SPAWN.Process(target=_rank_in_a_ready_group, args=(rank, 2, str(tmp_path / "store"), config, results))
+        for rank in range(2)
+    ]
+    for p in procs:
+        p.start()
+    collected: dict[int, tuple[Any, ...]] = {}
+    try:
+        for _ in procs:
+            rank, *rest = results.get(timeout=300)
+            collected[rank] = tuple(rest)
+    except queue.Empty:
+        pytest.fail(f"ranks hung: only {sorted(collected)} finished")
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    for rank in (0, 1):
+        status, seen_env, total, epochs, _ = collected[rank]
+        assert status == "ok", collected[rank]
+        assert seen_env == ("external", rank, 2, 2)
+        assert total == 3
+        # Called on rank 1 too (it asked to be), once per epoch on each rank.
+        assert epochs == [1, 2]
+    assert collected[0][4] == collected[1][4], "metrics reduced across the two ranks"

@@ -1,0 +1,24 @@
+"""What the service's light paths import: torch costs seconds on every process that loads it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_the_cli_and_the_ray_modules_load_without_torch() -> None:
+    # `hpo status` and friends, and every Ray worker that unpickles the trainable, load these.
+    modules = (
+        "hpo.cli, hpo.views, hpo.ray_backend.driver, hpo.ray_backend.cluster, hpo.ray_backend.population"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys, {modules}; print(sorted(m for m in ('torch', 'ray') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
