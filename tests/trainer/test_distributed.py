@@ -112,22 +112,27 @@ def _run_ranks(
         for job, world in jobs.items()
         for rank in range(world)
     ]
+    collected = {(job, rank): tuple(rest) for (job, rank, *rest) in _gather(procs, results)}
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    return collected
+
+
+def _gather(procs: list[Any], results: Any) -> list[tuple[Any, ...]]:
+    """Start the ranks, take one result from each, and make sure none is left running."""
     for p in procs:
         p.start()
-    collected: dict[tuple[str, int], tuple[Any, ...]] = {}
+    gathered: list[tuple[Any, ...]] = []
     try:
         for _ in procs:
-            job, rank, status, payload, seen = results.get(timeout=300)
-            collected[(job, rank)] = (status, payload, seen)
+            gathered.append(tuple(results.get(timeout=300)))
     except queue.Empty:
-        pytest.fail(f"ranks hung: only {sorted(collected)} finished")
+        pytest.fail(f"ranks hung: only {len(gathered)} of {len(procs)} finished")
     finally:
         for p in procs:
             p.join(timeout=60)
             if p.is_alive():
                 p.kill()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    return collected
+    return gathered
 
 
 def _metrics(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -283,20 +288,7 @@ def test_a_run_inside_a_ready_process_group_uses_it_and_leaves_it_up(
         SPAWN.Process(target=_rank_in_a_ready_group, args=(rank, 2, str(tmp_path / "store"), config, results))
         for rank in range(2)
     ]
-    for p in procs:
-        p.start()
-    collected: dict[int, tuple[Any, ...]] = {}
-    try:
-        for _ in procs:
-            rank, *rest = results.get(timeout=300)
-            collected[rank] = tuple(rest)
-    except queue.Empty:
-        pytest.fail(f"ranks hung: only {sorted(collected)} finished")
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
+    collected = {rank: tuple(rest) for (rank, *rest) in _gather(procs, results)}
     for rank in (0, 1):
         status, seen_env, total, epochs, _ = collected[rank]
         assert status == "ok", collected[rank]
