@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument(
         "--dry-run", action="store_true", help="print the resolved study and the job script; submit nothing"
     )
+    launch.add_argument(
+        "--detach",
+        action="store_true",
+        help="run the launcher itself as a small CPU Slurm job (the study's launcher section), requeued "
+        "before its time limit; prints its job id and log",
+    )
 
     tunnel = commands.add_parser("tunnel", help="print the ssh commands that reach the study's dashboards")
     _study_arguments(tunnel)
@@ -96,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return train_main(argv[1:])
     args = build_parser().parse_args(argv)
+    args.argv = argv
     # `kill` and Slurm's end of a launcher job send SIGTERM: stop as cleanly as on Ctrl-C.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -199,8 +206,13 @@ def _launch(args: argparse.Namespace, spec: StudySpec, storage: StorageRef) -> i
     if args.dry_run:
         _print_dry_run(spec, storage, executor)
         return 0
+    if args.detach and executor != "slurm":
+        raise StudyFileError(
+            f"--detach: the launcher runs as a Slurm job, for trials that run as Slurm jobs; "
+            f"{spec.source}: resources.executor is {executor} (add --executor slurm)"
+        )
     if spec.study.backend == "ray":
-        return _launch_ray(spec, storage, executor)
+        return _launch_ray(spec, storage, executor, args)
     executors.check_executor_available(spec, executor)
     if executor == "slurm":
         res = spec.resources
@@ -209,13 +221,27 @@ def _launch(args: argparse.Namespace, spec: StudySpec, storage: StorageRef) -> i
         )
     if executor == "local":
         _check_local_data(spec)
+    if args.detach:
+        return _detach(spec, args)
     summary = launcher.launch(spec, storage, launcher.LaunchOptions(executor=executor, workers=args.workers))
     if summary.best_number is None:
         raise LaunchError(f"no trial of study {spec.study.name!r} completed; see `hpo status {spec.source}`")
     return 0
 
 
-def _launch_ray(spec: StudySpec, storage: StorageRef, executor: str) -> int:
+def _detach(spec: StudySpec, args: argparse.Namespace) -> int:
+    from hpo import detach
+
+    job_id = detach.submit(spec, [a for a in args.argv if a != "--detach"])
+    print(
+        f"launcher submitted as Slurm job {job_id} ({spec.launcher.time_min} min per run, requeued before its limit)"
+    )
+    print(f"its log: {detach.log_path(spec, job_id)}")
+    print(f"follow the study: hpo status {spec.source}")
+    return 0
+
+
+def _launch_ray(spec: StudySpec, storage: StorageRef, executor: str, args: argparse.Namespace) -> int:
     from hpo import executors, launcher
     from hpo.ray_backend import launch as ray_launch
     from hpo.ray_backend.cluster import cpus_per_trial, slots_per_node
@@ -228,6 +254,8 @@ def _launch_ray(spec: StudySpec, storage: StorageRef, executor: str) -> int:
         )
     if executor == "local":
         _check_local_data(spec)
+    if args.detach:
+        return _detach(spec, args)
     study = ray_launch.launch(spec, storage, executor)
     if launcher.summarize(study).best_number is None:
         raise LaunchError(f"no trial of study {spec.study.name!r} completed; see `hpo status {spec.source}`")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpo.errors import StudyFileError
+from hpo.paths import private_dir
 
 if TYPE_CHECKING:
     import submitit
@@ -80,8 +81,7 @@ def make_executor(
     the time limit, for --workers jobs that run many trials)."""
     import submitit
 
-    folder = jobs_folder(spec)
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)  # submitit's pickles are code
+    folder = private_dir(jobs_folder(spec))  # submitit's pickles are code
     res = spec.resources
     python = res.python or sys.executable
     if executor == "local":
@@ -112,7 +112,10 @@ def slurm_parameters(
         # One failed rank ends the step at once instead of leaving the others in a collective
         # until the DDP timeout: GPU-hours are not spent waiting for a dead peer.
         "srun_args": ["--kill-on-bad-exit=1"],
-        "additional_parameters": {key: value for key, value in res.sbatch.items()},
+        # Requeueable: after a preemption, a node failure, `scontrol requeue`, or submitit's
+        # requeue at the time limit, the job runs again and resumes its trial from its checkpoint
+        # (submitit's --open-mode=append keeps the earlier runs' logs).
+        "additional_parameters": {"requeue": True, **res.sbatch},
     }
     if res.gpus_per_node:
         params["gpus_per_node"] = res.gpus_per_node

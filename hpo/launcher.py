@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import signal
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from hpo import executors
+from hpo import executors, retries
 from hpo import study as study_lib
 from hpo.errors import LaunchError
-from hpo.storage import StorageRef, check_reachable, mask
+from hpo.paths import private_dir
+from hpo.storage import StorageRef, check_reachable, mask, with_retries
 from hpo.trial_job import Objective, TrainerObjective, TrialTask, WorkerTask, now_iso
 
 if TYPE_CHECKING:
@@ -64,6 +66,7 @@ Log = Callable[[str], None]
 
 
 def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Log = print) -> LaunchSummary:
+    private_dir(spec.workdir)  # logs, checkpoints, submitit's pickles: the owner's only
     backend = check_reachable(storage, spec.source)
     study = study_lib.load(spec, backend, create=True)
     study_lib.check_direction(study, spec)
@@ -75,6 +78,8 @@ def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Lo
         f"study {spec.study.name!r} in {mask(str(storage))}: {stored} of {spec.study.n_trials} trials stored"
         + (f", {enqueued} enqueued to run first" if enqueued else "")
     )
+    # Failures told while no launcher watched (a trial failing after a launcher was stopped).
+    queue_retries(study, spec, log)
     deadline = None if spec.study.timeout_min is None else time.time() + 60 * spec.study.timeout_min
     dispatcher = _Dispatcher(spec, storage, study, options, log, deadline)
     try:
@@ -133,19 +138,25 @@ class _Dispatcher:
         executor = executors.make_executor(
             self.spec, self.options.executor, job_name=f"hpo-{self.spec.study.name}"
         )
-        self._take_over_running_trials(per_trial=True)
-        while True:
-            self._collect_finished()
-            budget_left = self.spec.study.n_trials - self._counted()
-            accepting = self._accepting()
-            while accepting and budget_left > 0 and len(self.in_flight) < self.spec.study.max_concurrent:
-                self._submit(executor)
-                budget_left -= 1
-            if not self.in_flight and (budget_left <= 0 or not accepting):
-                if not accepting and budget_left > 0:
-                    self.log(f"stopped early: {budget_left} trials of the budget not started")
-                return
+        with_retries(lambda: self._take_over_running_trials(per_trial=True), "re-attach", self.log)
+        # Each round only reads the storage or makes a step that can be repeated, so a round cut
+        # off by a database outage is simply run again once the database answers.
+        while not with_retries(lambda: self._per_trial_round(executor), "launcher round", self.log):
             time.sleep(self.options.poll_interval_s)
+
+    def _per_trial_round(self, executor: Any) -> bool:
+        """Collect the trials that ended, submit new ones; True once the study is done."""
+        self._collect_finished()
+        budget_left = self.spec.study.n_trials - self._counted()
+        accepting = self._accepting()
+        while accepting and budget_left > 0 and len(self.in_flight) < self.spec.study.max_concurrent:
+            self._submit(executor)
+            budget_left -= 1
+        if not self.in_flight and (budget_left <= 0 or not accepting):
+            if not accepting and budget_left > 0:
+                self.log(f"stopped early: {budget_left} trials of the budget not started")
+            return True
+        return False
 
     def _accepting(self) -> bool:
         """Whether new trials may start: not past the timeout, no `hpo cancel` since this launch."""
@@ -158,6 +169,7 @@ class _Dispatcher:
 
         with _signals_deferred():
             trial = self.study.ask(self.space)
+            retries.inherit_checkpoint(self.spec, trial)
             trial.set_user_attr(study_lib.ATTR_EXECUTOR, self.options.executor)
             trial.set_user_attr(study_lib.ATTR_ASKED_AT, now_iso())
             task = TrialTask(
@@ -172,19 +184,26 @@ class _Dispatcher:
                 raise LaunchError(f"trial {trial.number}: {reason}") from None
             # A trial that fails within a second may have told already: its attributes are frozen.
             with contextlib.suppress(RuntimeError):
-                trial.set_user_attr(study_lib.ATTR_JOB_ID, str(job.job_id))
-        entry = _InFlight(
-            trial.number,
-            trial._trial_id,
-            str(job.job_id),
-            self.options.executor,
-            self.spec.resources.world_size,
-            job,
-        )
-        self.in_flight.append(entry)
-        self.log(
-            f"trial {trial.number} submitted as {self.options.executor} job {job.job_id}: {study_lib.format_params(trial.params)}"
-        )
+                with_retries(
+                    lambda: trial.set_user_attr(study_lib.ATTR_JOB_ID, str(job.job_id)),
+                    "store the job id",
+                    self.log,
+                )
+            # Still under the deferred signals: a launcher stopped now reports this trial as running.
+            entry = _InFlight(
+                trial.number,
+                trial._trial_id,
+                str(job.job_id),
+                self.options.executor,
+                self.spec.resources.world_size,
+                job,
+            )
+            self.in_flight.append(entry)
+            retry_of = trial.user_attrs.get(retries.ATTR_RETRY_OF)
+            self.log(
+                f"trial {trial.number} submitted as {self.options.executor} job {job.job_id}: {study_lib.format_params(trial.params)}"
+                + (f" (retry of trial {retry_of})" if retry_of is not None else "")
+            )
 
     def _take_over_running_trials(self, per_trial: bool) -> set[str]:
         """Deal with the trials a previous launcher left RUNNING: re-attach per-trial jobs that
@@ -233,24 +252,41 @@ class _Dispatcher:
 
     def _collect_finished(self) -> None:
         storage = self.study._storage  # reads through the study's own connection pool
+        failed = False
         for entry in list(self.in_flight):
             frozen = storage.get_trial(entry.trial_id)
             if not frozen.state.is_finished() and self._ended(entry):
                 # The trial process may have told its result just before exiting.
                 if not storage.get_trial(entry.trial_id).state.is_finished():
-                    self._fail(entry.number, entry.trial_id, self._end_reason(entry))
+                    self._fail(
+                        entry.number, entry.trial_id, self._end_reason(entry), self._out_of_memory(entry)
+                    )
                 frozen = storage.get_trial(entry.trial_id)
             if frozen.state.is_finished():
                 self._report(frozen)
                 self.in_flight.remove(entry)
+                failed = failed or frozen.state.name == "FAIL"
+        if failed:
+            queue_retries(self.study, self.spec, self.log)
 
-    def _fail(self, number: int, trial_id: int, reason: str) -> None:
+    def _fail(self, number: int, trial_id: int, reason: str, out_of_memory: bool = False) -> None:
         import optuna
 
-        # Both raise if the trial's own process told it meanwhile: then its state stands.
+        # These raise if the trial's own process told it meanwhile: then its state stands.
         with contextlib.suppress(RuntimeError, ValueError):
+            if out_of_memory:
+                retries.tell_infeasible(self.study, trial_id, number, reason, self.spec.study.direction)
+                return
             self.study._storage.set_trial_user_attr(trial_id, study_lib.ATTR_FAIL_REASON, reason)
             self.study.tell(number, state=optuna.trial.TrialState.FAIL)
+
+    def _out_of_memory(self, entry: _InFlight) -> bool:
+        """Slurm killed the job for exceeding its memory: the parameters are infeasible there."""
+        return (
+            entry.executor == "slurm"
+            and entry.job is not None
+            and self.slurm.state(entry.job) == "OUT_OF_MEMORY"
+        )
 
     def _report(self, trial: optuna.trial.FrozenTrial) -> None:
         state = trial.state.name
@@ -269,6 +305,10 @@ class _Dispatcher:
             value = study_lib.metric_value(trial)
             shown = f"{value:.4f}" if value is not None else "-"
             self.log(f"trial {trial.number} PRUNED at epoch {step}: {self.spec.study.metric}={shown}")
+        elif trial.user_attrs.get(study_lib.ATTR_INFEASIBLE):
+            self.log(
+                f"trial {trial.number} infeasible: {trial.user_attrs.get(study_lib.ATTR_FAIL_REASON, '')}"
+            )
         else:
             self.log(f"trial {trial.number} {state}: {trial.user_attrs.get(study_lib.ATTR_FAIL_REASON, '')}")
 
@@ -292,9 +332,9 @@ class _Dispatcher:
             jobs = self._submit_workers(wanted) if wanted > 0 else []
             finished_before = len(seen)
             while not all(self._ended(_worker_entry(job, self.options.executor)) for job in jobs):
-                seen = self._report_new(seen)
+                seen = with_retries(functools.partial(self._report_new, seen), "launcher round", self.log)
                 time.sleep(self.options.poll_interval_s)
-            seen = self._report_new(seen)
+            seen = with_retries(functools.partial(self._report_new, seen), "launcher round", self.log)
             self._fail_orphans(jobs)
             seen = self._report_new(seen)
             live = set()  # the earlier launch's workers are not waited for twice
@@ -338,11 +378,15 @@ class _Dispatcher:
         return jobs
 
     def _report_new(self, seen: set[int]) -> set[int]:
+        failed = False
         for trial in self.study.get_trials(deepcopy=False):
             if trial.state.is_finished() and trial.number not in seen:
                 seen.add(trial.number)
                 if not trial.user_attrs.get(study_lib.ATTR_SURPLUS):
                     self._report(trial)
+                    failed = failed or trial.state.name == "FAIL"
+        if failed:
+            queue_retries(self.study, self.spec, self.log)
         return seen
 
     def _fail_orphans(self, jobs: list[Any]) -> None:
@@ -366,6 +410,11 @@ class _Dispatcher:
                      "re-attaches to them, `hpo cancel` stops them")  # fmt: skip
         else:
             self.log(f"launcher stopped while trials {numbers} ran; `hpo launch` again resumes the study")
+
+
+def queue_retries(study: optuna.Study, spec: StudySpec, log: Log) -> None:
+    for number in retries.queue_retries(study, spec.study.max_retries):
+        log(f"trial {number} failed: queued a retry with the same parameters")
 
 
 def _worker_entry(job: Any, executor: str) -> _InFlight:

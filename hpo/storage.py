@@ -13,12 +13,17 @@ environment), and every URL the service prints is masked. ``~/.pgpass`` works as
 from __future__ import annotations
 
 import os
+import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from hpo.errors import StudyFileError
+from hpo.paths import private_dir
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage
@@ -119,7 +124,7 @@ def open_storage(ref: StorageRef, *, create: bool) -> BaseStorage:
     if ref.kind == "journal":
         path = Path(ref.target)
         if create:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_dir(path.parent)
         elif not path.exists():
             raise FileNotFoundError(f"journal storage {path} does not exist")
         from optuna.storages.journal import JournalFileBackend
@@ -127,8 +132,10 @@ def open_storage(ref: StorageRef, *, create: bool) -> BaseStorage:
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     engine_kwargs: dict[str, object] = {"pool_pre_ping": True}
     if not ref.target.startswith("sqlite"):
-        # A trial process needs one connection at a time; a small pool keeps 64 trials well under
-        # PostgreSQL's default max_connections of 100. connect_timeout bounds the wait on a dead host.
+        # A process (trial, launcher, worker) keeps one connection: 64 trials and their launcher
+        # stay under PostgreSQL's default max_connections of 100. Optuna needs a second one at
+        # moments (creating the schema: with none, a crowd of processes deadlocks); such overflow
+        # connections close when returned. connect_timeout bounds the wait on a dead host.
         engine_kwargs.update(pool_size=1, max_overflow=2, pool_recycle=3600)
         if ref.target.startswith("postgresql"):
             engine_kwargs["connect_args"] = {"connect_timeout": 10}
@@ -140,18 +147,20 @@ def open_storage(ref: StorageRef, *, create: bool) -> BaseStorage:
     )
 
 
-def _create_schema_with_retries(ref: StorageRef, attempts: int = 5) -> BaseStorage:
-    """Two launchers creating the schema of a fresh database at once: one's CREATE TABLE fails on
-    the other's; a retry then finds the tables and goes on."""
+def _create_schema_with_retries(ref: StorageRef, attempts: int = 8) -> BaseStorage:
+    """Processes creating the schema of a fresh database at once: one's CREATE TABLE, or its insert
+    of the schema version (which Optuna wraps in StorageInternalError), fails on another's; a retry
+    then finds them and goes on. The random wait spreads the retries of a crowd."""
+    import optuna
     from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     for attempt in range(attempts):
         try:
             return open_storage(ref, create=True)
-        except (IntegrityError, ProgrammingError):
+        except (IntegrityError, ProgrammingError, optuna.exceptions.StorageInternalError):
             if attempt == attempts - 1:
                 raise
-            time.sleep(0.2 * (attempt + 1))
+            time.sleep(random.uniform(0.1, 0.3) * (attempt + 1))
     raise AssertionError("unreachable")
 
 
@@ -163,3 +172,51 @@ def check_reachable(ref: StorageRef, source: str) -> BaseStorage:
         reason = str(getattr(err, "orig", None) or err).strip().splitlines()
         first = reason[0] if reason else type(err).__name__
         raise StudyFileError(f"{source}: study.storage: cannot open {mask(str(ref))}: {first}") from None
+
+
+OUTAGE_TOLERANCE_S = 600.0
+"""How long a trial process or the launcher waits for an unreachable database before failing."""
+
+
+def is_transient(err: BaseException) -> bool:
+    """Whether an error means "the database cannot be reached right now" (a restart, a network
+    cut) rather than a wrong request. Optuna's RDB storage wraps SQLAlchemy's errors."""
+    import optuna
+    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+    if isinstance(err, optuna.exceptions.StorageInternalError):
+        err = err.__cause__ or err
+    if not isinstance(err, DBAPIError):
+        return False
+    text = str(err.orig).lower()
+    if any(marker in text for marker in _PERMANENT):
+        return False  # the server answers, and says no: waiting will not change it
+    return isinstance(err, OperationalError | InterfaceError) or bool(err.connection_invalidated)
+
+
+# Connection errors that a restart does not cure (libpq's wording).
+_PERMANENT = ("does not exist", "authentication failed", "no password supplied", "permission denied")
+
+
+def with_retries(
+    call: Callable[[], T],
+    what: str,
+    log: Callable[[str], None] = print,
+    tolerance_s: float = OUTAGE_TOLERANCE_S,
+) -> T:
+    """Run ``call``; while the database is unreachable, retry with backoff (0.5 s doubling to
+    30 s) for up to ``tolerance_s``. SQLAlchemy's pre-ping replaces the dead pooled connections."""
+    delay = 0.5
+    give_up = time.monotonic() + tolerance_s
+    while True:
+        try:
+            return call()
+        except Exception as err:
+            if not is_transient(err) or time.monotonic() + delay > give_up:
+                raise
+            cause = str(getattr(err, "__cause__", None) or err).strip().splitlines()
+            log(
+                f"storage unreachable during {what} ({cause[0] if cause else type(err).__name__}); retrying in {delay:.1f} s"
+            )
+            time.sleep(delay)
+            delay = min(2 * delay, 30.0)

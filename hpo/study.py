@@ -35,6 +35,16 @@ ATTR_IMAGES_PER_S = "images_per_s"
 ATTR_SURPLUS = "surplus"
 ATTR_JOB_KIND = "job_kind"
 """slurm or local: where a --workers worker (executor "worker") runs."""
+ATTR_INFEASIBLE = "infeasible"
+"""Set on a trial that ran out of memory (see hpo.retries)."""
+ATTR_RESUMED_FROM = "resumed_from_epoch"
+"""The epoch whose checkpoint the trial's last run resumed from (after a requeue, or a retry)."""
+ATTR_RESTARTS = "restarts"
+"""How many times Slurm requeued the trial's job (preemption, time limit, node failure)."""
+# Trial system attributes of a retry: the names Optuna's RetryHeartbeatStaleTrialCallback uses.
+SYSTEM_ATTR_FAILED_TRIAL = "failed_trial"
+SYSTEM_ATTR_RETRY_HISTORY = "retry_history"
+REASON_CANCELLED = "cancelled by hpo cancel"
 # Study user attributes.
 STUDY_ATTR_CANCEL = "hpo_cancel_requested_at"
 STUDY_ATTR_RAY_JOB = "hpo_ray_job"
@@ -157,8 +167,20 @@ def check_direction(study: optuna.Study, spec: StudySpec) -> None:
 
 
 def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The trials that use up the budget: all of them, except surplus ones closed unrun."""
-    return [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(ATTR_SURPLUS)]
+    """The trials that use up the budget: all of them, except surplus ones closed unrun and
+    failed ones whose retry (queued or run) takes their place."""
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    return [t for t in trials if not t.user_attrs.get(ATTR_SURPLUS) and t.number not in retried]
+
+
+def retried_numbers(trials: list[optuna.trial.FrozenTrial]) -> set[int]:
+    """The numbers of the trials that have a retry."""
+    return {
+        t.system_attrs[SYSTEM_ATTR_RETRY_HISTORY][-1]
+        for t in trials
+        if t.system_attrs.get(SYSTEM_ATTR_RETRY_HISTORY)
+    }
 
 
 def cancel_requested_at(study: optuna.Study) -> float:

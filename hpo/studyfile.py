@@ -1,11 +1,12 @@
 """Study files: their schema, ``${VAR}`` interpolation, ``--set`` overrides and strict validation.
 
-A study file has four sections::
+A study file has four sections, and an optional fifth::
 
-    study:          name, storage, metric and direction, sampler, pruner, budget
+    study:          name, storage, metric and direction, sampler, pruner, budget, retries
     search_space:   trainer keys to tune, each a float / int / categorical distribution
     trainer:        fixed trainer settings (any key of ``python -m trainer --help``)
     resources:      what one trial gets: executor (slurm | local), nodes, GPUs, time, account...
+    launcher:       where ``hpo launch --detach`` runs the launcher (partition, account, time...)
 
 Every error is one line, ``FILE: key.path: problem``, raised as :class:`StudyFileError` before
 anything touches a database or a scheduler. Unknown keys are rejected with the list of valid ones
@@ -121,6 +122,11 @@ class StudySection:
     pruner: PrunerSpec = dataclasses.field(default_factory=PrunerSpec)
     n_trials: int = _field(20, "Trials in the study, those of earlier launches included.")
     max_concurrent: int = _field(2, "Trials in flight at once.")
+    max_retries: int = _field(
+        1,
+        "Times a failed trial (exception, job cancelled outside the service, node lost) is run "
+        "again with the same parameters, from its last checkpoint; 0 never retries.",
+    )
     timeout: str | int | None = _field(
         None, "Stop submitting new trials after this long (minutes, or 90s, 30m, 2h, 1-00:00:00)."
     )
@@ -138,6 +144,7 @@ class StudySection:
         _one_of("direction", self.direction, ("maximize", "minimize"))
         _at_least("n_trials", self.n_trials, 1)
         _at_least("max_concurrent", self.max_concurrent, 1)
+        _at_least("max_retries", self.max_retries, 0)
         if self.timeout is not None:
             parse_duration_min("timeout", self.timeout)
 
@@ -292,24 +299,11 @@ class Resources:
         parse_duration_min("time", self.time)
         if self.worker_time is not None:
             parse_duration_min("worker_time", self.worker_time)
-        for key in ("partition", "qos"):
-            if getattr(self, key) is not None:
-                _safe_name(key, getattr(self, key))
-        # Jean Zay's accounts look like abc@a100.
-        if self.account is not None and not _ACCOUNT.fullmatch(self.account):
-            raise _KeyProblem(
-                "account", f"may contain only letters, digits, '.', '_', '-' and '@', got {self.account!r}"
-            )
+        _check_placement(self.partition, self.account, self.qos, self.sbatch)
         if self.constraint is not None and not re.fullmatch(r"[A-Za-z0-9_.\-&|\[\]*:()!]+", self.constraint):
             raise _KeyProblem("constraint", f"is not a Slurm constraint expression: {self.constraint!r}")
         for index, line in enumerate(self.setup):
-            _single_line(f"setup[{index}]", line)
-        for option, value in self.sbatch.items():
-            if not _SBATCH_OPTION.fullmatch(option):
-                raise _KeyProblem(f"sbatch.{option}", "is not an sbatch long option name (like mail-type)")
-            if not isinstance(value, str | int | float | bool):
-                raise _KeyProblem(f"sbatch.{option}", f"must be a single value, got {value!r}")
-            _single_line(f"sbatch.{option}", str(value))
+            _simple_command(f"setup[{index}]", line)
         if self.executor == "local" and self.nodes > 1:
             raise _KeyProblem(
                 "nodes", f"the local executor runs on this machine only; got nodes={self.nodes}"
@@ -332,6 +326,51 @@ class Resources:
         return self.nodes * self.tasks_per_node
 
 
+def _check_placement(
+    partition: str | None, account: str | None, qos: str | None, sbatch: dict[str, Any]
+) -> None:
+    """Names that go into a job script: nothing that needs quoting, one line each."""
+    for key, value in (("partition", partition), ("qos", qos)):
+        if value is not None:
+            _safe_name(key, value)
+    # Jean Zay's accounts look like abc@a100.
+    if account is not None and not _ACCOUNT.fullmatch(account):
+        raise _KeyProblem(
+            "account", f"may contain only letters, digits, '.', '_', '-' and '@', got {account!r}"
+        )
+    for option, value in sbatch.items():
+        if not _SBATCH_OPTION.fullmatch(option):
+            raise _KeyProblem(f"sbatch.{option}", "is not an sbatch long option name (like mail-type)")
+        if not isinstance(value, str | int | float | bool):
+            raise _KeyProblem(f"sbatch.{option}", f"must be a single value, got {value!r}")
+        _single_line(f"sbatch.{option}", str(value))
+
+
+@dataclasses.dataclass
+class LauncherSection:
+    """Where ``hpo launch --detach`` runs the launcher: a small CPU job that mostly sleeps."""
+
+    partition: str | None = _field(None, "Partition of the launcher's job (a CPU one; Jean Zay: prepost).")
+    account: str | None = _field(None, "Account of the launcher's job (Jean Zay: your CPU account, abc@cpu).")
+    qos: str | None = _field(None, "QoS of the launcher's job.")
+    time: str | int = _field(
+        "20h", "Time limit of one run of the launcher's job; shortly before it, the job requeues itself."
+    )
+    cpus_per_task: int = _field(1, "CPU cores of the launcher's job.")
+    sbatch: dict[str, Any] = dataclasses.field(
+        default_factory=dict, metadata={"help": "Extra sbatch options of the launcher's job."}
+    )
+
+    def check(self) -> None:
+        _check_placement(self.partition, self.account, self.qos, self.sbatch)
+        parse_duration_min("time", self.time)
+        _at_least("cpus_per_task", self.cpus_per_task, 1)
+
+    @property
+    def time_min(self) -> int:
+        return max(1, math.ceil(parse_duration_min("time", self.time)))
+
+
 @dataclasses.dataclass
 class StudySpec:
     """A validated study file: everything a launcher, a trial or a report needs."""
@@ -341,6 +380,7 @@ class StudySpec:
     search_space: dict[str, ParamSpec]
     trainer: dict[str, Any]
     resources: Resources
+    launcher: LauncherSection = dataclasses.field(default_factory=LauncherSection)
 
     @property
     def workdir(self) -> Path:
@@ -362,7 +402,13 @@ class StudySpec:
         return TrainConfig.from_mapping(values)
 
 
-_SECTIONS = {"study": StudySection, "search_space": None, "trainer": None, "resources": Resources}
+_SECTIONS = {
+    "study": StudySection,
+    "search_space": None,
+    "trainer": None,
+    "resources": Resources,
+    "launcher": LauncherSection,
+}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -420,7 +466,15 @@ def _build_spec(document: dict[str, Any], source: str) -> StudySpec:
     space = {}
     for name, param_doc in space_doc.items():
         space[name] = _build(ParamSpec, param_doc, f"search_space.{name}")
-    spec = StudySpec(source=source, study=study, search_space=space, trainer=trainer, resources=resources)
+    launcher = _build(LauncherSection, _or_empty(document.get("launcher")), "launcher")
+    spec = StudySpec(
+        source=source,
+        study=study,
+        search_space=space,
+        trainer=trainer,
+        resources=resources,
+        launcher=launcher,
+    )
     _check_space_against_trainer(spec)
     _check_enqueued(spec)
     return spec
@@ -717,6 +771,22 @@ def _at_least(key: str, value: int, minimum: int) -> None:
 def _safe_name(key: str, value: str) -> None:
     if not _SAFE_NAME.fullmatch(value) or len(value) > 100:
         raise _KeyProblem(key, f"may contain only letters, digits, '.', '_' and '-', got {value!r}")
+
+
+_SHELL_SYNTAX = re.compile(r"[;&|`<>'\"\\]|\$\(")
+
+
+def _simple_command(key: str, line: str) -> None:
+    """A set-up line goes verbatim into the job script: one simple command (module load, source,
+    conda activate, export X=$Y), nothing that chains, substitutes, redirects or quotes."""
+    _single_line(key, line)
+    found = _SHELL_SYNTAX.search(line)
+    if found:
+        raise _KeyProblem(
+            key,
+            f"must be one simple command (no {found.group(0)!r}; put anything more in a script and "
+            f"source it), got {line!r}",
+        )
 
 
 def _single_line(key: str, value: str) -> None:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import threading
 import time
 import traceback
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Protocol
 
+from hpo import retries
 from hpo import study as study_lib
-from hpo.storage import StorageRef, open_storage
+from hpo.storage import StorageRef, open_storage, with_retries
 from trainer.reporting import Decision, EpochMetrics, Reporter
 
 if TYPE_CHECKING:
@@ -74,6 +76,11 @@ class TrainerObjective:
             attrs={
                 study_lib.ATTR_EPOCHS: result.epochs_completed,
                 study_lib.ATTR_IMAGES_PER_S: result.train_images_per_s,
+                **(
+                    {study_lib.ATTR_RESUMED_FROM: result.resumed_from_epoch}
+                    if result.resumed_from_epoch
+                    else {}
+                ),
             },
         )
 
@@ -121,8 +128,12 @@ class OptunaReporter:
         self.metric = metric
 
     def report(self, metrics: EpochMetrics) -> Decision:
-        self.trial.report(float(getattr(metrics, self.metric)), step=metrics.epoch)
-        return Decision.STOP if self.trial.should_prune() else Decision.CONTINUE
+        # A database restart mid-trial costs a wait, not the trial (a repeated report of the same
+        # step is ignored by Optuna).
+        value = float(getattr(metrics, self.metric))
+        with_retries(lambda: self.trial.report(value, step=metrics.epoch), "report")
+        prune = with_retries(self.trial.should_prune, "should_prune")
+        return Decision.STOP if prune else Decision.CONTINUE
 
 
 def trial_dir(spec: StudySpec, trial_key: int | str) -> Any:
@@ -153,8 +164,11 @@ class TrialTask:
         if rank != 0:
             result = self.objective(self.spec, self.trial_number, dict(self.params), None)
             return {"rank": rank, "value": result.value, "pruned": result.pruned}
-        study = study_lib.load(self.spec, open_storage(self.storage, create=False), create=False)
-        trial = attach(study, self.trial_number)
+        study = with_retries(
+            lambda: study_lib.load(self.spec, open_storage(self.storage, create=False), create=False),
+            "load the study",
+        )
+        trial = with_retries(lambda: attach(study, self.trial_number), "attach")
         if trial is None:
             message = f"trial {self.trial_number} is already finished in the study; nothing to run"
             print(message, flush=True)
@@ -164,6 +178,19 @@ class TrialTask:
                 raise TrialAlreadyFinished(message)
             return {"rank": 0, "skipped": True}
         return run_attached(self.spec, study, trial, self.objective)
+
+    def checkpoint(self) -> Any:
+        """Called by submitit on the signal Slurm sends before a time limit or a preemption
+        (``--signal=USR2@90``): the trainer checkpoints every epoch, so the job only needs
+        requeueing with the same task; it resumes the same trial from its last epoch."""
+        import submitit
+
+        REQUEUE_REQUESTED.set()
+        return submitit.helpers.DelayedSubmission(self)
+
+
+REQUEUE_REQUESTED = threading.Event()
+"""Set when submitit is about to requeue this job: the SystemExit it raises is not a failure."""
 
 
 class TrialAlreadyFinished(RuntimeError):
@@ -191,23 +218,41 @@ def run_attached(
 
     started = time.monotonic()
     trial.set_user_attr(study_lib.ATTR_STARTED_AT, now_iso())
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    if restarts:
+        trial.set_user_attr(study_lib.ATTR_RESTARTS, restarts)
     for key, value in job_identity().items():
         trial.set_user_attr(key, value)
     print(f"rank 0 reporting to study {spec.study.name!r}, trial {trial.number}: {trial.params}", flush=True)
     try:
         result = objective(spec, trial.number, dict(trial.params), OptunaReporter(trial, spec.study.metric))
     except BaseException as err:
+        if REQUEUE_REQUESTED.is_set() and isinstance(err, SystemExit):
+            # submitit requeued the job (preemption or time limit): the trial stays RUNNING and
+            # the requeued job resumes it from its last checkpoint.
+            print(f"trial {trial.number} requeued; it resumes from its last checkpoint", flush=True)
+            raise
         reason = _one_line(err)
+        if retries.is_out_of_memory(err):
+            _finish_attrs(trial, started, {})
+            with_retries(
+                lambda: retries.tell_infeasible(
+                    study, trial._trial_id, trial.number, reason, spec.study.direction
+                ),
+                "tell",
+            )
+            print(f"trial {trial.number} infeasible (out of memory): {reason}", flush=True)
+            return {"rank": 0, "state": "INFEASIBLE", "value": retries.worst_value(spec.study.direction)}
         _finish_attrs(trial, started, {study_lib.ATTR_FAIL_REASON: reason})
-        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        _tell(study, trial, state=optuna.trial.TrialState.FAIL)
         print(f"trial {trial.number} FAIL: {reason}", flush=True)
         raise
     _finish_attrs(trial, started, result.attrs)
     if result.pruned:
-        study.tell(trial.number, state=optuna.trial.TrialState.PRUNED)
+        _tell(study, trial, state=optuna.trial.TrialState.PRUNED)
         state = "PRUNED"
     else:
-        study.tell(trial.number, result.value)
+        _tell(study, trial, value=result.value)
         state = "COMPLETE"
     print(f"trial {trial.number} {state}: {spec.study.metric}={result.value:.4f}", flush=True)
     return {"rank": 0, "state": state, "value": result.value}
@@ -220,8 +265,17 @@ def _finish_attrs(trial: optuna.Trial, started: float, attrs: dict[str, Any]) ->
         study_lib.ATTR_ELAPSED_S: round(time.monotonic() - started, 3),
         study_lib.ATTR_FINISHED_AT: now_iso(),
     }
-    for key, value in attrs.items():
-        trial.set_user_attr(key, value)
+
+    def write() -> None:
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+
+    with_retries(write, "set attributes")
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, *, value: float | None = None, state: Any = None) -> None:
+    """Tell once: if a tell cut off by an outage had in fact been stored, the retry leaves it."""
+    with_retries(lambda: study.tell(trial.number, value, state=state, skip_if_finished=True), "tell")
 
 
 def _one_line(err: BaseException) -> str:
@@ -308,6 +362,7 @@ class WorkerTask:
                     )
                     break
             trial = study.ask(space)
+            retries.inherit_checkpoint(self.spec, trial)
             # Several workers may ask at the same moment for the last slot: the trial numbers
             # decide, and a surplus trial is closed unrun so that the budget is exact.
             earlier = [t for t in study_lib.counted_trials(study) if t.number < trial.number]

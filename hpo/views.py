@@ -15,6 +15,7 @@ from hpo import executors
 from hpo import study as study_lib
 from hpo.errors import LaunchError, StudyFileError
 from hpo.ray_backend.population import ATTR_FINAL_PARAMS, ATTR_SCHEDULE
+from hpo.retries import ATTR_RETRY_OF
 from hpo.storage import StorageRef, mask, open_storage
 from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig
 from trainer.errors import ConfigError
@@ -58,11 +59,20 @@ def status_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
             elapsed = t.duration.total_seconds()
         detail = study_lib.format_params(t.params)
         reason = t.user_attrs.get(study_lib.ATTR_FAIL_REASON)
-        if reason and t.state.name == "FAIL":
+        infeasible = bool(t.user_attrs.get(study_lib.ATTR_INFEASIBLE))
+        if reason and (t.state.name == "FAIL" or infeasible):
             detail = f"{detail}  [{reason}]"
+        notes = [
+            f"retry of {t.user_attrs[ATTR_RETRY_OF]}" if ATTR_RETRY_OF in t.user_attrs else "",
+            f"requeued {t.user_attrs[study_lib.ATTR_RESTARTS]}x"
+            if study_lib.ATTR_RESTARTS in t.user_attrs
+            else "",
+        ]
+        if any(notes):
+            detail = f"{detail}  ({', '.join(n for n in notes if n)})"
         rows.append((
             str(t.number),
-            t.state.name,
+            "INFEASIBLE" if infeasible else t.state.name,
             str(last_epoch),
             "-" if value is None else f"{value:.4f}",
             str(t.user_attrs.get(study_lib.ATTR_JOB_ID, "-")),
@@ -143,7 +153,7 @@ def cancel(spec: StudySpec, study: optuna.Study) -> list[str]:
         # Both raise if the trial ended on its own meanwhile: then its state stands.
         with contextlib.suppress(RuntimeError, ValueError):
             study._storage.set_trial_user_attr(
-                trial._trial_id, study_lib.ATTR_FAIL_REASON, "cancelled by hpo cancel"
+                trial._trial_id, study_lib.ATTR_FAIL_REASON, study_lib.REASON_CANCELLED
             )
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
             lines.append(f"trial {trial.number}: cancelled {kind} job {job_id or '-'}")

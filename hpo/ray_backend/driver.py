@@ -308,6 +308,9 @@ def run(
                 storage_path=str(spec.workdir / "ray_results"),
                 callbacks=callbacks,
                 checkpoint_config=checkpoints,
+                # Tune restarts a failed trial (same Optuna trial; the trainer resumes from its
+                # checkpoint under the study's workdir) up to max_retries times.
+                failure_config=tune.FailureConfig(max_failures=spec.study.max_retries),
                 verbose=0,
             ),
         )

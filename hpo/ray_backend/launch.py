@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from hpo import executors
 from hpo import study as study_lib
 from hpo.errors import LaunchError
+from hpo.paths import private_dir
 from hpo.ray_backend import driver
 from hpo.ray_backend.cluster import RayClusterTask, cpus_per_trial, slots_per_node
 from hpo.storage import StorageRef, check_reachable, mask
@@ -25,6 +26,7 @@ def launch(
     spec: StudySpec, storage: StorageRef, executor: str, objective: Objective | None = None, log: Any = print
 ) -> optuna.Study:
     """Run the study's remaining trials with Ray Tune; returns the study once the run has ended."""
+    private_dir(spec.workdir)  # logs, checkpoints, the cluster's token: the owner's only
     if executor == "local":
         driver.run(spec, storage, objective=objective, log=log)
         return study_lib.load(spec, check_reachable(storage, spec.source), create=False)

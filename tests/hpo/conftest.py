@@ -11,8 +11,9 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,47 @@ def max_overlap(trials: list[Any]) -> int:
 
 def distinct_params(trials: list[Any]) -> bool:
     """No two trials got the same parameters (a relaunch or a second worker must not replay a
-    seeded sampler's proposals)."""
-    keys = [tuple(sorted(t.params.items())) for t in trials]
+    seeded sampler's proposals). A retry repeats the parameters of the trial it retries, on purpose."""
+    keys = [tuple(sorted(t.params.items())) for t in trials if "retry_of" not in t.user_attrs]
     return len(set(keys)) == len(keys)
+
+
+def launch_in_background(study_file: Path, storage: str, *extra: str) -> subprocess.Popen[str]:
+    """``hpo launch`` as a child process, its output collected for the assertions."""
+    return subprocess.Popen(
+        [HPO, "launch", str(study_file), "--storage", storage, *extra],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def trials_or_none(document: dict[str, Any], storage: str) -> list[Any] | None:
+    import optuna
+    import sqlalchemy.exc
+
+    try:
+        return load_trials(document, storage)
+    except (KeyError, sqlalchemy.exc.DBAPIError, optuna.exceptions.StorageInternalError):
+        # The launcher has not created the schema or the study yet (Optuna's RDBStorage creates
+        # its alembic_version table on every start, so a reader may also race the launcher's DDL).
+        return None
+
+
+def wait_for_trials(
+    document: dict[str, Any],
+    storage: str,
+    launcher: subprocess.Popen[str],
+    ready: Callable[[list[Any]], bool],
+    timeout: float = 300,
+) -> list[Any]:
+    """Poll the study until ``ready(trials)``; fail with the launcher's output if it ends first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        trials = trials_or_none(document, storage) or []
+        if ready(trials):
+            return trials
+        assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()[0]
+        time.sleep(0.5)

@@ -4,27 +4,24 @@ real Slurm jobs on the local cluster, with the study in a journal file or a real
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
+import stat
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-import optuna
 import pytest
-import sqlalchemy.exc
 
 from tests.hpo.conftest import (
     GOOD,
-    HPO,
-    REPO,
     distinct_params,
+    launch_in_background,
     load_trials,
     max_overlap,
     run_hpo,
     sacct_states,
     study_document,
+    wait_for_trials,
     write_study,
 )
 
@@ -172,62 +169,6 @@ def test_workers_on_a_fresh_postgresql_database_start_at_once_without_errors(
         assert "Traceback" not in log.read_text(), log.read_text()[-2000:]
 
 
-def test_relaunch_after_stopping_the_launcher_resumes_without_duplicates(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
-) -> None:
-    name = f"resume-{uuid.uuid4().hex[:8]}"  # sacct below is queried by job name
-    document = study_document(name, tmp_path / "work", study={"n_trials": 6})
-    document["trainer"]["max_steps_per_epoch"] = 40  # trials long enough to outlive the relaunch
-    study_file = write_study(tmp_path / "study.yaml", document)
-    args = [HPO, "launch", str(study_file), "--executor", "slurm", "--storage", fresh_database]
-    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 300
-    while True:  # stop it once a trial has finished and another has just been submitted
-        trials = _trials_or_none(document, fresh_database) or []
-        finished = [t for t in trials if t.state.name in FINISHED]
-        fresh = [
-            t
-            for t in trials
-            if t.state.name == "RUNNING" and "job_id" in t.user_attrs and not t.intermediate_values
-        ]
-        if finished and fresh:
-            break
-        assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()[0]
-        time.sleep(0.5)
-    launcher.send_signal(signal.SIGINT)
-    output = launcher.communicate(timeout=60)[0]
-    assert launcher.returncode == 130, output
-    assert "keep running as Slurm jobs" in output
-    running_at_stop = {t.number for t in load_trials(document, fresh_database) if t.state.name == "RUNNING"}
-
-    proc = run_hpo("launch", str(study_file), "--executor", "slurm", "--storage", fresh_database)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    reattached = {int(n) for n in re.findall(r"trial (\d+) re-attached", proc.stdout)}
-    assert reattached and reattached <= running_at_stop
-    trials = load_trials(document, fresh_database)
-    assert len(trials) == 6
-    assert {t.state.name for t in trials} <= FINISHED | {"FAIL"}
-    assert not [t for t in trials if t.state.name == "FAIL" and t.number not in running_at_stop]
-    assert distinct_params(trials)
-    # Exactly one Slurm job per trial: sacct knows no other job of this study.
-    job_ids = [t.user_attrs["job_id"] for t in trials]
-    assert len(set(job_ids)) == 6
-    proc = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "JobID", "--name", f"hpo-{name}", "-S", "now-1hour"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert sorted(proc.stdout.split()) == sorted(job_ids)
-
-
-def _trials_or_none(document: dict[str, Any], storage: str) -> list[Any] | None:
-    try:
-        return load_trials(document, storage)
-    except (KeyError, sqlalchemy.exc.DBAPIError, optuna.exceptions.StorageInternalError):
-        # The launcher has not created the schema or the study yet (Optuna's RDBStorage creates
-        # its alembic_version table on every start, so a reader may also race the launcher's DDL).
-        return None
-
-
 def test_a_password_in_the_study_file_reaches_no_file_log_or_script(
     tmp_path: Path, fresh_database: str, monkeypatch: pytest.MonkeyPatch, fashion_mnist_root: str
 ) -> None:
@@ -263,6 +204,9 @@ def test_a_password_in_the_study_file_reaches_no_file_log_or_script(
     assert any(path.name.endswith("_submission.sh") for path in files)
     for path in files:  # job pickles, the sbatch script, logs, checkpoints
         assert password.encode() not in path.read_bytes(), path
+    # The workdir holds code (submitit's pickles): only its owner may enter it.
+    for folder in (tmp_path / "work", tmp_path / "work" / "jobs"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
     status = run_hpo("status", str(study_file))
     assert status.returncode == 0 and password not in status.stdout + status.stderr
 
@@ -276,15 +220,14 @@ def test_cancel_stops_a_running_study_and_leaves_nothing_running(
     )
     document["trainer"].update(epochs=20, max_steps_per_epoch=40)  # minutes: cancelled long before
     study_file = write_study(tmp_path / "study.yaml", document)
-    args = [HPO, "launch", str(study_file), "--executor", "slurm", "--storage", fresh_database]
-    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while True:  # wait until two trials are running in their jobs
-        trials = _trials_or_none(document, fresh_database) or []
-        if sum(1 for t in trials if t.state.name == "RUNNING" and t.intermediate_values) == 2:
-            break
-        assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()[0]
-        time.sleep(0.5)
+    launcher = launch_in_background(study_file, fresh_database, "--executor", "slurm")
+    wait_for_trials(  # two trials running in their jobs
+        document,
+        fresh_database,
+        launcher,
+        lambda trials: sum(1 for t in trials if t.state.name == "RUNNING" and t.intermediate_values) == 2,
+        timeout=120,
+    )
     proc = run_hpo("cancel", str(study_file), "--storage", fresh_database)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert len(re.findall(r"^trial \d+: cancelled slurm job \d+$", proc.stdout, re.M)) == 2, proc.stdout
@@ -296,35 +239,3 @@ def test_cancel_stops_a_running_study_and_leaves_nothing_running(
     assert all(t.user_attrs["fail_reason"] == "cancelled by hpo cancel" for t in trials)
     for trial in trials:
         assert _wait_for_sacct(trial.user_attrs["job_id"]).startswith("CANCELLED")
-
-
-def test_a_trial_whose_job_is_killed_outside_the_service_is_failed_with_the_slurm_state(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
-) -> None:
-    document = study_document(
-        "killed-study",
-        tmp_path / "work",
-        study={"n_trials": 1, "max_concurrent": 1, "enqueue": [GOOD], "pruner": {"name": "none"}},
-        resources={"executor": "slurm"},
-    )
-    document["trainer"].update(epochs=20, max_steps_per_epoch=40)
-    study_file = write_study(tmp_path / "study.yaml", document)
-    args = [HPO, "launch", str(study_file), "--storage", fresh_database]
-    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while True:  # wait until the trial has reported an epoch from its job
-        trials = _trials_or_none(document, fresh_database) or []
-        if trials and trials[0].intermediate_values:
-            break
-        assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()[0]
-        time.sleep(0.5)
-    job_id = trials[0].user_attrs["job_id"]
-    subprocess.run(["scancel", job_id], check=True, timeout=30)
-    output = launcher.communicate(timeout=120)[0]
-    assert launcher.returncode == 1, output  # its only trial failed
-    [trial] = load_trials(document, fresh_database)
-    assert trial.state.name == "FAIL"
-    assert trial.user_attrs["fail_reason"].startswith(f"job {job_id} CANCELLED without telling a result"), (
-        trial.user_attrs
-    )
-    assert f"trial 0 FAIL: job {job_id} CANCELLED" in output

@@ -12,7 +12,16 @@ from typing import Any
 
 import pytest
 
-from tests.hpo.conftest import BAD, GOOD, HPO, REPO, load_trials, run_hpo, study_document, write_study
+from tests.hpo.conftest import (
+    BAD,
+    GOOD,
+    launch_in_background,
+    load_trials,
+    run_hpo,
+    study_document,
+    wait_for_trials,
+    write_study,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -50,16 +59,6 @@ def test_local_ray_backend_runs_a_study_with_asha_into_the_optuna_storage(
     assert len(load_trials(document)) == 6
 
 
-def _launch_in_background(study_file: Path, storage: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [HPO, "launch", str(study_file), "--storage", storage],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
 def _slurm_ray_document(name: str, workdir: Path) -> dict[str, Any]:
     return study_document(
         name,
@@ -75,7 +74,7 @@ def test_ray_cluster_inside_one_slurm_job_spanning_both_nodes(
     name = f"ray-slurm-{uuid.uuid4().hex[:6]}"
     document = _slurm_ray_document(name, tmp_path / "work")
     study_file = write_study(tmp_path / "study.yaml", document)
-    launcher = _launch_in_background(study_file, fresh_database)
+    launcher = launch_in_background(study_file, fresh_database)
     # While it runs: `hpo tunnel` names the head and the dashboard port, and the dashboard answers.
     deadline = time.monotonic() + 180
     while True:
@@ -115,7 +114,7 @@ def test_two_ray_studies_on_the_same_nodes_at_once_do_not_clash(
     for document in documents:  # short trials: the point is two clusters side by side
         document["study"].update(n_trials=2, enqueue=[GOOD])
     files = [write_study(tmp_path / f"study{i}.yaml", d) for i, d in enumerate(documents)]
-    launchers = [_launch_in_background(f, fresh_database) for f in files]
+    launchers = [launch_in_background(f, fresh_database) for f in files]
     outputs = [launcher.communicate(timeout=600)[0] for launcher in launchers]
     for launcher, output in zip(launchers, outputs, strict=True):
         assert launcher.returncode == 0, output
@@ -131,15 +130,17 @@ def test_relaunch_after_the_ray_job_is_cancelled_resumes_without_counting_a_tria
     document = _slurm_ray_document(name, tmp_path / "work")
     document["trainer"]["max_steps_per_epoch"] = 40  # long enough to be caught mid-trial
     study_file = write_study(tmp_path / "study.yaml", document)
-    launcher = _launch_in_background(study_file, fresh_database)
-    deadline = time.monotonic() + 300
-    while True:  # cancel once a trial has finished and others are running
-        trials = _trials_or_none(document, fresh_database)
-        states = [t.state.name for t in trials or []]
-        if any(s in ("COMPLETE", "PRUNED") for s in states) and "RUNNING" in states:
-            break
-        assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()[0]
-        time.sleep(0.5)
+    launcher = launch_in_background(study_file, fresh_database)
+    # Cancel once a trial has finished and others are running.
+    wait_for_trials(
+        document,
+        fresh_database,
+        launcher,
+        lambda trials: (
+            any(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
+            and any(t.state.name == "RUNNING" for t in trials)
+        ),
+    )
     cancel = run_hpo("cancel", str(study_file), "--storage", fresh_database)
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     assert re.search(r"^Ray job \d+: cancelled$", cancel.stdout, re.M), cancel.stdout
@@ -165,12 +166,6 @@ def test_relaunch_after_the_ray_job_is_cancelled_resumes_without_counting_a_tria
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert len(proc.stdout.splitlines()) == 2, proc.stdout  # the cancelled job and the one that finished
-
-
-def _trials_or_none(document: dict[str, Any], storage: str) -> list[Any] | None:
-    from tests.hpo.test_launch import _trials_or_none as read
-
-    return read(document, storage)
 
 
 def test_population_based_training_records_each_member_and_what_it_took_from_others(

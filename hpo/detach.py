@@ -1,0 +1,92 @@
+"""``hpo launch --detach``: the launcher itself as a small CPU Slurm job.
+
+Login nodes kill long-running processes, and a study runs for hours. The detached launcher is the
+same ``hpo launch`` run inside a one-task job of the study's ``launcher`` section. Shortly before
+its time limit Slurm signals it (submitit's ``--signal=USR2@90``) and submitit requeues the job;
+the requeued run resumes the study like any relaunch (trial jobs keep running meanwhile and are
+re-attached by their stored job ids). A preemption or node failure requeues it too (``--requeue``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpo import executors
+from hpo.paths import private_dir
+
+if TYPE_CHECKING:
+    from hpo.studyfile import StudySpec
+
+# What submitit's job environment reads while the job runs (its signal handler needs the job id
+# and the rank): kept when the launcher's own SLURM_* variables are dropped.
+_SUBMITIT_NEEDS = {
+    "SLURM_CONF", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_PROCID",
+    "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_NUM_NODES", "SLURM_JOB_NODELIST", "SLURM_RESTART_COUNT",
+}  # fmt: skip
+
+
+@dataclasses.dataclass
+class DetachedLaunch:
+    """The task of the launcher's job: ``hpo launch`` with the same arguments, minus --detach."""
+
+    argv: list[str]
+    workdir: str
+
+    def __call__(self) -> int:
+        from hpo.cli import main
+
+        # The trial jobs this launcher submits inherit its environment: the launcher job's own
+        # SLURM_* settings (its CPUs, memory, task count) must not become theirs.
+        for name in [n for n in os.environ if n.startswith("SLURM_") and n not in _SUBMITIT_NEEDS]:
+            del os.environ[name]
+        os.chdir(self.workdir)
+        restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
+        print(f"detached launcher (restart {restarts}): hpo {' '.join(self.argv)}", flush=True)
+        status = main(self.argv)
+        if status != 0:
+            raise SystemExit(status)
+        return status
+
+    def checkpoint(self) -> Any:
+        """Requeue at the time limit: the next run resumes the study from the storage."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+
+def submit(spec: StudySpec, argv: list[str]) -> str:
+    """Submit the launcher's job; returns its job id."""
+    import submitit
+
+    folder = private_dir(executors.jobs_folder(spec) / "launcher")  # submitit's pickles are code
+    launcher, res = spec.launcher, spec.resources
+    # A study that runs for days goes through many time limits: each is one requeue.
+    executor = submitit.SlurmExecutor(
+        folder=folder / "%j", python=res.python or sys.executable, max_num_timeout=1000
+    )
+    params: dict[str, Any] = {
+        "job_name": f"hpo-{spec.study.name}-launcher",
+        "time": launcher.time_min,
+        "nodes": 1,
+        "ntasks_per_node": 1,
+        "cpus_per_task": launcher.cpus_per_task,
+        "setup": list(res.setup),
+        "additional_parameters": {"requeue": True, **launcher.sbatch},
+    }
+    for key in ("partition", "account", "qos"):
+        value = getattr(launcher, key)
+        if value is not None:
+            params[key] = value
+    executor.update_parameters(**params)
+    job = executor.submit(DetachedLaunch(argv, str(Path.cwd())))
+    return str(job.job_id)
+
+
+def log_path(spec: StudySpec, job_id: str) -> Path:
+    from submitit.core.utils import JobPaths
+
+    return Path(JobPaths(executors.jobs_folder(spec) / "launcher" / "%j", job_id, 0).stdout)

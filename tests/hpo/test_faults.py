@@ -1,0 +1,518 @@
+"""Real faults injected into real studies on the local Slurm cluster and PostgreSQL: a requeued
+trial job, a trial job cancelled behind the service's back, a launcher killed, the database
+restarted, many processes starting at once on a fresh database, a trial out of memory.
+
+Each test prints a ``FAULT`` line (what was injected, what the study did, trials lost, time to
+recover): the figures of the fault table in the README come from these lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hpo.conftest import (
+    GOOD,
+    REPO,
+    distinct_params,
+    launch_in_background,
+    load_trials,
+    run_hpo,
+    study_document,
+    trials_or_none,
+    wait_for_trials,
+    write_study,
+)
+
+pytestmark = pytest.mark.slow
+
+FINISHED = {"COMPLETE", "PRUNED"}
+
+
+def fault_line(fault: str, outcome: str, lost: int, recovery_s: float | None) -> None:
+    shown = "-" if recovery_s is None else f"{recovery_s:.1f} s"
+    print(f"\nFAULT | {fault} | {outcome} | trials lost: {lost} | recovery: {shown}")
+
+
+def one_trial_study(name: str, workdir: Path, epochs: int) -> dict[str, Any]:
+    """One trial of the known-good configuration, as a Slurm job, long enough to be hit mid-run."""
+    document = study_document(
+        name,
+        workdir,
+        study={"n_trials": 1, "max_concurrent": 1, "enqueue": [GOOD], "pruner": {"name": "none"}},
+        resources={"executor": "slurm"},
+    )
+    document["trainer"].update(epochs=epochs, max_steps_per_epoch=40)
+    return document
+
+
+def stored_steps(storage: str, trial_id: int) -> list[int]:
+    """The intermediate values' steps as rows in PostgreSQL: a step reported twice would show twice."""
+    proc = subprocess.run(
+        ["psql", "-X", "-w", "-A", "-t", storage, "-c",
+         f"SELECT step FROM trial_intermediate_values WHERE trial_id = {int(trial_id)} ORDER BY step"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return [int(line) for line in proc.stdout.split()]
+
+
+def check_budget_met_once(document: dict[str, Any], storage: str, n_trials: int) -> None:
+    """The budget is met exactly (a failed trial that was retried gives its place to its retry),
+    and sacct knows exactly one Slurm job per trial: nothing was submitted twice."""
+    trials = load_trials(document, storage)
+    retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+    counted = [t for t in trials if t.number not in retried]
+    assert len(counted) == n_trials, [(t.number, t.state.name, t.user_attrs) for t in trials]
+    assert {t.state.name for t in counted} <= FINISHED
+    assert distinct_params(trials)
+    job_ids = [t.user_attrs["job_id"] for t in trials if "job_id" in t.user_attrs]
+    assert len(set(job_ids)) == len(job_ids)
+    sacct = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "JobID", "--name", f"hpo-{document['study']['name']}", "-S", "now-1hour"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert sorted(sacct.stdout.split()) == sorted(job_ids)
+
+
+def job_log(document: dict[str, Any], job_id: str) -> str:
+    """Rank 0's stdout and stderr, every run of the job included."""
+    folder = Path(document["study"]["workdir"]) / "jobs" / job_id
+    return "".join((folder / f"{job_id}_0_log.{kind}").read_text() for kind in ("out", "err"))
+
+
+@dataclasses.dataclass
+class Resumed:
+    """A one-trial study that a fault hit mid-trial, after the study ended."""
+
+    trial: Any
+    job_id: str
+    node: str
+    """Where the trial ran when the fault hit."""
+    reported_before: int
+    """The last epoch stored before the fault."""
+    recovery_s: float
+    """From the fault until the trial's job ran again."""
+    log: str
+
+
+def one_trial_through(
+    fault: Callable[[str, str], None], name: str, tmp_path: Path, storage: str, epochs: int = 8
+) -> Resumed:
+    """Run one trial as a Slurm job; once it has stored an epoch, ``fault(job_id, node)``; wait
+    until the job runs again (its ``restarts`` attribute) and the launcher ends."""
+    document = one_trial_study(name, tmp_path / "work", epochs=epochs)
+    launcher = launch_in_background(write_study(tmp_path / "study.yaml", document), storage)
+    [trial] = wait_for_trials(
+        document, storage, launcher, lambda trials: bool(trials and trials[0].intermediate_values)
+    )
+    job_id, node, before = (
+        trial.user_attrs["job_id"],
+        trial.user_attrs["nodes"],
+        max(trial.intermediate_values),
+    )
+    hit = time.monotonic()
+    fault(job_id, node)
+    wait_for_trials(
+        document, storage, launcher, lambda trials: trials[0].user_attrs.get("restarts", 0) >= 1, timeout=600
+    )
+    recovery_s = time.monotonic() - hit
+    output = launcher.communicate(timeout=600)[0]
+    assert launcher.returncode == 0, output
+    trials = load_trials(document, storage)
+    assert [t.state.name for t in trials] == ["COMPLETE"], [
+        (t.number, t.state.name, t.user_attrs) for t in trials
+    ]
+    # The same trial in the same job, every epoch stored once, at most the epoch in progress redone.
+    [trial] = trials
+    assert trial.user_attrs["job_id"] == job_id and trial.user_attrs["restarts"] == 1
+    assert stored_steps(storage, trial._trial_id) == list(range(1, epochs + 1))
+    assert max(1, before - 1) <= trial.user_attrs["resumed_from_epoch"] < epochs
+    return Resumed(trial, job_id, node, before, recovery_s, job_log(document, job_id))
+
+
+def test_a_requeued_trial_job_resumes_the_same_trial_from_its_last_epoch(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    def requeue(job_id: str, node: str) -> None:
+        subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
+
+    run = one_trial_through(requeue, "requeue-study", tmp_path, fresh_database)
+    assert "DUE TO JOB REQUEUE" in run.log and run.log.count("rank 0 reporting to study") == 2, run.log[
+        -3000:
+    ]
+    fault_line(
+        "`scontrol requeue` of a running trial job",
+        f"same job ran again, same trial 0 resumed after epoch {run.trial.user_attrs['resumed_from_epoch']}, COMPLETE",
+        0,
+        run.recovery_s,
+    )
+
+
+def test_a_trial_signalled_before_its_time_limit_checkpoints_and_requeues_itself(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    """USR2 is what Slurm sends 90 s before the time limit (--signal=USR2@90), and what a
+    preemption with a grace time sends: submitit calls the task's checkpoint() and requeues."""
+
+    def time_limit_near(job_id: str, node: str) -> None:
+        subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
+
+    run = one_trial_through(time_limit_near, "timelimit-study", tmp_path, fresh_database)
+    assert "Caught signal SIGUSR2" in run.log, run.log[-3000:]
+    assert "trial 0 requeued; it resumes from its last checkpoint" in run.log, run.log[-3000:]
+    fault_line(
+        "USR2 to a running trial job (Slurm's signal before the time limit, or a preemption)",
+        f"submitit requeued the job; trial 0 resumed after epoch {run.trial.user_attrs['resumed_from_epoch']}, COMPLETE",
+        0,
+        run.recovery_s,
+    )
+
+
+def test_a_trial_cancelled_outside_the_service_is_retried_with_the_same_parameters(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    document = one_trial_study("scancel-study", tmp_path / "work", epochs=8)
+    study_file = write_study(tmp_path / "study.yaml", document)
+    launcher = launch_in_background(study_file, fresh_database)
+    [trial] = wait_for_trials(
+        document, fresh_database, launcher, lambda trials: bool(trials and trials[0].intermediate_values)
+    )
+    job_id = trial.user_attrs["job_id"]
+    subprocess.run(["scancel", job_id], check=True, timeout=30)
+    cancelled = time.monotonic()
+    wait_for_trials(
+        document,
+        fresh_database,
+        launcher,
+        lambda trials: (
+            len(trials) == 2 and trials[1].state.name == "RUNNING" and "job_id" in trials[1].user_attrs
+        ),
+    )
+    recovered = time.monotonic() - cancelled
+    output = launcher.communicate(timeout=600)[0]
+    assert launcher.returncode == 0, output
+
+    failed, retry = load_trials(document, fresh_database)
+    assert failed.state.name == "FAIL"
+    assert failed.user_attrs["fail_reason"].startswith(f"job {job_id} CANCELLED without telling a result")
+    assert f"trial 0 FAIL: job {job_id} CANCELLED" in output
+    assert "trial 0 failed: queued a retry with the same parameters" in output
+    assert retry.state.name == "COMPLETE" and retry.params == failed.params
+    assert retry.user_attrs["retry_of"] == 0 and retry.system_attrs["retry_history"] == [0]
+    assert retry.user_attrs["job_id"] != job_id
+    # The retry starts from the failed trial's checkpoint and keeps its reported epochs.
+    assert sorted(retry.intermediate_values) == list(range(1, 9))
+    assert retry.user_attrs["resumed_from_epoch"] >= 1
+    status = run_hpo("status", str(study_file), "--storage", fresh_database)
+    assert re.search(r"^1 +COMPLETE .*\(retry of 0\)$", status.stdout, re.M), status.stdout
+    fault_line(
+        "`scancel` of a running trial job",
+        "trial failed with the Slurm state, retried once with the same parameters from its checkpoint",
+        0,
+        recovered,
+    )
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL], ids=["sigint", "kill-9"])
+def test_relaunch_after_the_launcher_stops_finishes_the_budget_exactly(
+    stop: signal.Signals, tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    name = f"resume-{uuid.uuid4().hex[:8]}"  # sacct below is queried by job name
+    document = study_document(name, tmp_path / "work", study={"n_trials": 6})
+    document["trainer"]["max_steps_per_epoch"] = 40  # trials long enough to outlive the relaunch
+    study_file = write_study(tmp_path / "study.yaml", document)
+    launcher = launch_in_background(study_file, fresh_database, "--executor", "slurm")
+    # Stop it once a trial has finished and another has just been submitted.
+    wait_for_trials(
+        document,
+        fresh_database,
+        launcher,
+        lambda trials: (
+            any(t.state.name in FINISHED for t in trials)
+            and any(
+                t.state.name == "RUNNING" and "job_id" in t.user_attrs and not t.intermediate_values
+                for t in trials
+            )
+        ),
+    )
+    launcher.send_signal(stop)
+    output = launcher.communicate(timeout=60)[0]
+    if stop == signal.SIGINT:
+        assert launcher.returncode == 130, output
+        assert "keep running as Slurm jobs" in output
+    else:
+        assert launcher.returncode == -signal.SIGKILL, output
+    running_at_stop = {t.number for t in load_trials(document, fresh_database) if t.state.name == "RUNNING"}
+
+    relaunched = time.monotonic()
+    again = launch_in_background(study_file, fresh_database, "--executor", "slurm")
+    assert again.stdout is not None
+    first_lines = []
+    for line in again.stdout:  # until the first re-attached trial: the time to recover
+        first_lines.append(line)
+        if "re-attached" in line:
+            break
+    recovered = time.monotonic() - relaunched
+    output = "".join(first_lines) + again.communicate(timeout=900)[0]
+    assert again.returncode == 0, output
+    reattached = {int(n) for n in re.findall(r"trial (\d+) re-attached", output)}
+    assert reattached and reattached <= running_at_stop
+    check_budget_met_once(document, fresh_database, 6)
+    fault_line(
+        f"launcher stopped by {stop.name} mid-study, then relaunched",
+        f"the relaunch re-attached {len(reattached)} running trial job(s), met the budget of 6, "
+        "submitted no duplicate Slurm job",
+        0,
+        recovered,
+    )
+
+
+def restart_postgresql(down_s: float) -> None:
+    """Stop the local cluster's PostgreSQL, keep it down ``down_s`` seconds, start it again."""
+    [cluster] = [
+        line.split()[:2]
+        for line in subprocess.run(
+            ["pg_lsclusters", "-h"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        if line.strip()
+    ]
+    control = ["pg_ctlcluster", "--skip-systemctl-redirect", *cluster]
+    subprocess.run([*control, "stop", "-m", "fast"], check=True, timeout=60)
+    time.sleep(down_s)
+    subprocess.run([*control, "start"], check=True, timeout=60, stdin=subprocess.DEVNULL, capture_output=True)
+
+
+def test_a_postgresql_restart_mid_study_loses_no_trial(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    document = study_document(
+        "outage-study", tmp_path / "work", study={"n_trials": 4, "enqueue": [], "pruner": {"name": "none"}}
+    )
+    document["trainer"].update(epochs=3, max_steps_per_epoch=40)
+    study_file = write_study(tmp_path / "study.yaml", document)
+    launcher = launch_in_background(study_file, fresh_database, "--executor", "slurm")
+    wait_for_trials(  # both trials in flight have reported an epoch: the outage hits them mid-run
+        document,
+        fresh_database,
+        launcher,
+        lambda trials: sum(1 for t in trials if t.state.name == "RUNNING" and t.intermediate_values) == 2,
+    )
+    reported = sum(len(t.intermediate_values) for t in load_trials(document, fresh_database))
+    down = time.monotonic()
+    restart_postgresql(down_s=15)
+    # Recovered once the trials store new epochs again.
+    wait_for_trials(
+        document,
+        fresh_database,
+        launcher,
+        lambda trials: sum(len(t.intermediate_values) for t in trials) > reported,
+    )
+    recovered = time.monotonic() - down
+    output = launcher.communicate(timeout=900)[0]
+    assert launcher.returncode == 0, output
+    trials = load_trials(document, fresh_database)
+    assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials), [
+        (t.number, t.state.name, t.user_attrs) for t in trials
+    ]
+    assert all(sorted(t.intermediate_values) == [1, 2, 3] for t in trials)
+    assert "storage unreachable" in output, output
+    fault_line(
+        "PostgreSQL stopped for 15 s mid-study, then started",
+        "launcher and trial processes waited and reconnected; 4 of 4 trials COMPLETE",
+        0,
+        recovered,
+    )
+
+
+_START_AT_ONCE = """
+import sys, time
+from hpo import storage as storage_lib, study as study_lib, studyfile
+spec = studyfile.load_study(sys.argv[1])
+ref = storage_lib.resolve_storage(spec, sys.argv[2], "--storage")
+while time.time() < float(sys.argv[3]):
+    time.sleep(0.005)
+study = study_lib.load(spec, storage_lib.check_reachable(ref, spec.source), create=True)
+trial = study.ask(study_lib.distributions(spec))
+study.tell(trial, 0.5)
+print("ok", trial.number)
+"""
+
+
+def test_sixteen_processes_starting_at_once_on_a_fresh_database_never_fail(
+    tmp_path: Path, fresh_database: str
+) -> None:
+    document = study_document("crowd-study", tmp_path / "work", study={"enqueue": []})
+    study_file = write_study(tmp_path / "study.yaml", document)
+    start_at = str(time.time() + 8)  # all imports done: they create the schema at the same instant
+    command = [sys.executable, "-c", _START_AT_ONCE, str(study_file), fresh_database, start_at]
+    procs = [
+        subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(16)
+    ]
+    results = [(proc.communicate(timeout=120), proc.returncode) for proc in procs]
+    failures = [err for (out, err), code in results if code != 0]
+    assert not failures, failures[0][-3000:]
+    assert all(out.startswith("ok") for (out, _), _ in results)
+    trials = load_trials(document, fresh_database)
+    assert sorted(t.number for t in trials) == list(range(16))
+    assert all(t.state.name == "COMPLETE" for t in trials)
+    fault_line("16 processes creating the schema and the study at once", "16 of 16 told their trial", 0, None)
+
+
+def test_a_detached_launcher_requeued_mid_study_finishes_the_budget_exactly(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    name = f"detach-{uuid.uuid4().hex[:8]}"
+    document = study_document(name, tmp_path / "work", study={"n_trials": 4})
+    document["trainer"]["max_steps_per_epoch"] = 40
+    study_file = write_study(tmp_path / "study.yaml", document)
+    proc = run_hpo("launch", str(study_file), "--executor", "slurm", "--storage", fresh_database, "--detach")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    launcher_job = re.search(r"launcher submitted as Slurm job (\d+)", proc.stdout)
+    assert launcher_job, proc.stdout
+    job_id = launcher_job.group(1)
+    log = Path(re.search(r"its log: (\S+)", proc.stdout).group(1))  # type: ignore[union-attr]
+
+    def launcher_state() -> str:
+        sacct = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-o", "State", "-j", job_id],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return (sacct.stdout.split() or ["PENDING"])[0]  # not in sacct yet: just submitted
+
+    def read_log() -> str:
+        return log.read_text() if log.exists() else f"({log} not written yet)"
+
+    deadline = time.monotonic() + 300
+    while True:  # requeue the launcher's job once a trial has finished and another runs
+        trials = trials_or_none(document, fresh_database) or []
+        if any(t.state.name in FINISHED for t in trials) and any(t.state.name == "RUNNING" for t in trials):
+            break
+        assert time.monotonic() < deadline and launcher_state() in ("PENDING", "RUNNING"), read_log()
+        time.sleep(1)
+    subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
+    requeued = time.monotonic()
+    recovered = None
+    deadline = time.monotonic() + 900
+    while launcher_state() not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+        assert time.monotonic() < deadline, read_log()
+        if recovered is None and "detached launcher (restart 1)" in read_log():
+            recovered = time.monotonic() - requeued
+        time.sleep(1)
+    output = log.read_text()
+    assert launcher_state() == "COMPLETED", output
+    assert "detached launcher (restart 0)" in output and "detached launcher (restart 1)" in output, output
+    # Stopped by the requeue (Slurm's SIGTERM), the first run said which trials keep running.
+    assert "keep running as Slurm jobs" in output, output
+    check_budget_met_once(document, fresh_database, 4)
+    fault_line(
+        "`scontrol requeue` of a detached launcher's job (`hpo launch --detach`)",
+        "the job ran again and resumed the study (trial jobs ran on meanwhile); budget of 4 met exactly",
+        0,
+        recovered,
+    )
+
+
+def _node_state(node: str) -> str:
+    return subprocess.run(
+        ["sinfo", "-h", "-N", "-n", node, "-o", "%t"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def power_off(node: str, job_id: str) -> None:
+    """What a node failure does to an emulated node: its slurmd and the job's processes on it die."""
+    pid = int(Path(f"/run/slurm/slurmd-{node}.pid").read_text())
+    subprocess.run(["kill", "-9", str(pid)], check=True)
+    victims = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            variables = environ.read_bytes().split(b"\0")
+            cmdline = (environ.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job_id}".encode() in variables or f"slurmstepd: [{job_id}.".encode() in cmdline:
+            victims.append(environ.parent.name)
+    subprocess.run(["kill", "-9", *victims], check=False)
+
+
+def power_on(node: str) -> None:
+    subprocess.run(["slurmd", "-N", node], check=True, timeout=60)
+    deadline = time.monotonic() + 120
+    while _node_state(node).rstrip("*") not in ("idle", "mix", "alloc"):
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False, capture_output=True
+        )
+        assert time.monotonic() < deadline, f"{node} did not come back: {_node_state(node)}"
+        time.sleep(2)
+
+
+def test_a_trial_on_a_lost_node_resumes_on_the_other_node(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    """Slurm declares the node DOWN after SlurmdTimeout, ends the job NODE_FAIL and, as trial jobs
+    are requeueable, runs it again on the node left."""
+    lost: list[str] = []
+
+    def node_failure(job_id: str, node: str) -> None:
+        lost.append(node)
+        power_off(node, job_id)
+
+    try:
+        run = one_trial_through(node_failure, "node-loss-study", tmp_path, fresh_database)
+    finally:
+        for node in lost:
+            power_on(node)
+    assert run.trial.user_attrs["nodes"] != run.node
+    fault_line(
+        f"node {run.node} lost mid-trial (its slurmd and the job's processes killed)",
+        f"Slurm requeued the job after NODE_FAIL; trial 0 resumed on {run.trial.user_attrs['nodes']} "
+        f"after epoch {run.trial.user_attrs['resumed_from_epoch']}, COMPLETE",
+        0,
+        run.recovery_s,
+    )
+
+
+def test_only_an_unreachable_database_is_waited_for(local_cluster: str) -> None:
+    """A server that is down is waited for; one that answers "no such database" is not."""
+    import sqlalchemy
+
+    from hpo.storage import is_transient, with_retries
+
+    def error_of(url: str) -> BaseException:
+        engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 5})
+        with pytest.raises(sqlalchemy.exc.DBAPIError) as caught:
+            engine.connect()
+        return caught.value
+
+    server = local_cluster.rsplit("/", 1)[0]
+    down = error_of(server.replace(":5432", ":1") + "/hpo")  # nothing listens on port 1
+    missing = error_of(f"{server}/no_such_database_{uuid.uuid4().hex[:6]}")
+    assert is_transient(down) and not is_transient(missing)
+
+    def fail_with(error: BaseException) -> Callable[[], None]:
+        def call() -> None:
+            calls.append(error)
+            raise error
+
+        return call
+
+    calls: list[BaseException] = []
+    waits: list[str] = []
+    with pytest.raises(sqlalchemy.exc.DBAPIError):
+        with_retries(fail_with(missing), "connect", waits.append)
+    assert len(calls) == 1 and not waits  # raised at once
+    with pytest.raises(sqlalchemy.exc.DBAPIError):
+        with_retries(fail_with(down), "connect", waits.append, tolerance_s=1.0)
+    assert len(calls) >= 3 and waits and "storage unreachable during connect" in waits[0]
