@@ -105,6 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = argv
     # `kill` and Slurm's end of a launcher job send SIGTERM: stop as cleanly as on Ctrl-C.
     signal.signal(signal.SIGTERM, _interrupt)
+    # A script's background job inherits SIGINT ignored (and Python then keeps ignoring it);
+    # `kill -INT` must still stop a launcher cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _run(args)
     except StudyFileError as err:

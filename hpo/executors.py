@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 _SLURM_ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
                 "PREEMPTED", "TIMEOUT", "REVOKED", "SPECIAL_EXIT"}  # fmt: skip
+# Ends that Slurm follows with a requeue of a requeueable job (trial jobs are): sacct shows them
+# for a few seconds before the requeued run's record appears.
+_SLURM_MAY_REQUEUE = {"NODE_FAIL", "PREEMPTED"}
 
 
 def jobs_folder(spec: StudySpec) -> Path:
@@ -169,11 +172,14 @@ class SlurmStates:
     launcher that must notice a dead trial job quickly and never fail a suspended one.
     """
 
-    def __init__(self, refresh_s: float = 10.0, unknown_grace_s: float = 300.0) -> None:
+    def __init__(
+        self, refresh_s: float = 10.0, unknown_grace_s: float = 300.0, requeue_grace_s: float = 90.0
+    ) -> None:
         self.refresh_s = refresh_s
         self.unknown_grace_s = unknown_grace_s
+        self.requeue_grace_s = requeue_grace_s
         self._last_refresh = float("-inf")
-        self._unknown_since: dict[str, float] = {}
+        self._seen_since: dict[tuple[str, str], float] = {}
 
     def ended(self, job: Any) -> bool:
         """Whether the job will run no more: its rank 0 left a result, or Slurm says it ended."""
@@ -184,11 +190,15 @@ class SlurmStates:
             job.watcher.update()  # one sacct for every job registered with submitit's watcher
             self._last_refresh = now
         state = self.state(job)
-        if state == "UNKNOWN":
-            # Not in sacct (yet, or any more): gone for good only after a grace period.
-            first_seen = self._unknown_since.setdefault(str(job.job_id), now)
-            return now - first_seen > self.unknown_grace_s
-        self._unknown_since.pop(str(job.job_id), None)
+        job_id = str(job.job_id)
+        # UNKNOWN: not in sacct (yet, or any more); NODE_FAIL, PREEMPTED: maybe about to be
+        # requeued. Either is an end only once it has lasted its grace period.
+        grace = self.unknown_grace_s if state == "UNKNOWN" else self.requeue_grace_s
+        if state == "UNKNOWN" or state in _SLURM_MAY_REQUEUE:
+            first_seen = self._seen_since.setdefault((job_id, state), now)
+            return now - first_seen > grace
+        for key in [key for key in self._seen_since if key[0] == job_id]:
+            del self._seen_since[key]
         return state in _SLURM_ENDED
 
     @staticmethod
