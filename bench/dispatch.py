@@ -77,7 +77,7 @@ def run_mode(mode: str, folder: Path, storage_url: str, n: int, k: int, seconds:
         ray_launch(spec, storage, "slurm", objective=objective, log=lambda line: None)
     else:
         options = LaunchOptions(
-            executor="slurm", workers=k if mode == "workers" else None, objective=objective
+            executor="slurm", workers=k if mode == "workers" else None, objective=objective, progress=False
         )
         launch(spec, storage, options, log=lambda line: None)
     makespan = time.monotonic() - started

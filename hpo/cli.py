@@ -71,11 +71,26 @@ def build_parser() -> argparse.ArgumentParser:
     _study_arguments(tunnel)
     tunnel.add_argument("--open", action="store_true", help="run the Ray dashboard's tunnel")
     for name, text in (
-        ("status", "trials by state, with parameters, last value and job id"),
+        ("status", "trials by state, with parameters, last value, job id and GPU-hours"),
         ("best", "the best trial and a ready full-training command"),
         ("cancel", "cancel the study's running jobs"),
     ):
         _study_arguments(commands.add_parser(name, help=text))
+    dashboard = commands.add_parser("dashboard", help="optuna-dashboard on the study's storage")
+    _study_arguments(dashboard)
+    dashboard.add_argument("--port", type=int, default=8080, help="default 8080")
+    dashboard.add_argument(
+        "--host", default="127.0.0.1", help="default 127.0.0.1 (the dashboard has no authentication)"
+    )
+    report = commands.add_parser(
+        "report", help="an HTML report, trials.csv, summary.json and PNG plots of the study"
+    )
+    _study_arguments(report)
+    report.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder to write it to")
+    logs = commands.add_parser("logs", help="the Slurm output of a trial, by its number")
+    _study_arguments(logs)
+    logs.add_argument("trial", type=int, metavar="TRIAL", help="the trial's number (see hpo status)")
+    logs.add_argument("--err", action="store_true", help="its stderr (tracebacks, the trainer's log)")
     return parser
 
 
@@ -169,6 +184,11 @@ def _run(args: argparse.Namespace) -> int:
     from hpo import study as study_lib
     from hpo import views
 
+    if args.command == "dashboard":
+        from hpo import dashboard
+
+        study = views.open_study(spec, storage)  # a missing study: a one-line error, not an empty page
+        return dashboard.serve(spec, storage, study, args.host, args.port)
     study = views.open_study(spec, storage)
     if args.command == "tunnel":
         from hpo.ray_backend import tunnel
@@ -181,6 +201,14 @@ def _run(args: argparse.Namespace) -> int:
         lines = views.status_lines(spec, study)
     elif args.command == "best":
         lines = views.best_lines(spec, study)
+    elif args.command == "report":
+        from hpo import report
+
+        written = report.write_report(spec, study, args.out)
+        lines = [f"report of study {spec.study.name!r}: {written[0]}", *(f"  {p}" for p in written[1:])]
+    elif args.command == "logs":
+        sys.stdout.write(views.trial_log(spec, study, args.trial, args.err))
+        return 0
     else:
         lines = views.cancel(spec, study)
     print("\n".join(lines))
@@ -260,7 +288,7 @@ def _launch_ray(spec: StudySpec, storage: StorageRef, executor: str, args: argpa
     if args.detach:
         return _detach(spec, args)
     study = ray_launch.launch(spec, storage, executor)
-    if launcher.summarize(study).best_number is None:
+    if launcher.summarize(study, spec).best_number is None:
         raise LaunchError(f"no trial of study {spec.study.name!r} completed; see `hpo status {spec.source}`")
     return 0
 

@@ -24,6 +24,7 @@ from hpo import executors, retries
 from hpo import study as study_lib
 from hpo.errors import LaunchError
 from hpo.paths import private_dir
+from hpo.progress import Progress
 from hpo.storage import StorageRef, check_reachable, mask, with_retries
 from hpo.trial_job import Objective, TrainerObjective, TrialTask, WorkerTask, now_iso
 
@@ -39,6 +40,8 @@ class LaunchOptions:
     workers: int | None = None
     objective: Objective = dataclasses.field(default_factory=TrainerObjective)
     poll_interval_s: float = 0.25
+    progress: bool = True
+    """A live progress line (plain lines when not on a terminal)."""
 
 
 @dataclasses.dataclass
@@ -70,6 +73,7 @@ def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Lo
     backend = check_reachable(storage, spec.source)
     study = study_lib.load(spec, backend, create=True)
     study_lib.check_direction(study, spec)
+    study_lib.name_objective(study, spec)
     stored = len(study_lib.counted_trials(study))
     # A relaunch continues the seeded sequence elsewhere instead of replaying its first proposals.
     study_lib.reseed_sampler(study, spec, seed_stream=len(study.get_trials(deepcopy=False)))
@@ -81,7 +85,10 @@ def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Lo
     # Failures told while no launcher watched (a trial failing after a launcher was stopped).
     queue_retries(study, spec, log)
     deadline = None if spec.study.timeout_min is None else time.time() + 60 * spec.study.timeout_min
-    dispatcher = _Dispatcher(spec, storage, study, options, log, deadline)
+    progress = Progress(spec, study, deadline, log) if options.progress else None
+    dispatcher = _Dispatcher(
+        spec, storage, study, options, progress.log if progress else log, deadline, progress
+    )
     try:
         if options.workers:
             dispatcher.run_workers(options.workers)
@@ -90,7 +97,10 @@ def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Lo
     except KeyboardInterrupt:
         dispatcher.report_interrupted()
         raise
-    return summarize(study, log)
+    finally:
+        if progress:
+            progress.close()
+    return summarize(study, spec, log)
 
 
 @contextlib.contextmanager
@@ -120,6 +130,7 @@ class _Dispatcher:
         options: LaunchOptions,
         log: Log,
         deadline: float | None,
+        progress: Progress | None = None,
     ) -> None:
         self.spec = spec
         self.storage = storage
@@ -132,6 +143,7 @@ class _Dispatcher:
         self.in_flight: list[_InFlight] = []
         self.slurm = executors.SlurmStates()
         self.best: float | None = None
+        self.progress = progress
 
     # --- per-trial jobs -----------------------------------------------------------------------
     def run_per_trial_jobs(self) -> None:
@@ -156,6 +168,8 @@ class _Dispatcher:
             if not accepting and budget_left > 0:
                 self.log(f"stopped early: {budget_left} trials of the budget not started")
             return True
+        if self.progress:
+            self.progress.tick()
         return False
 
     def _accepting(self) -> bool:
@@ -275,7 +289,7 @@ class _Dispatcher:
         # These raise if the trial's own process told it meanwhile: then its state stands.
         with contextlib.suppress(RuntimeError, ValueError):
             if out_of_memory:
-                retries.tell_infeasible(self.study, trial_id, number, reason, self.spec.study.direction)
+                retries.tell_infeasible(self.study, trial_id, number, reason, study_lib.directions(self.spec))
                 return
             self.study._storage.set_trial_user_attr(trial_id, study_lib.ATTR_FAIL_REASON, reason)
             self.study.tell(number, state=optuna.trial.TrialState.FAIL)
@@ -290,16 +304,20 @@ class _Dispatcher:
 
     def _report(self, trial: optuna.trial.FrozenTrial) -> None:
         state = trial.state.name
-        if state == "COMPLETE" and trial.value is not None:
+        if state == "COMPLETE" and trial.values and not trial.user_attrs.get(study_lib.ATTR_INFEASIBLE):
+            value = trial.values[0]
             better = self.best is None or (
-                trial.value > self.best
-                if self.spec.study.direction == "maximize"
-                else trial.value < self.best
+                value > self.best if self.spec.study.direction == "maximize" else value < self.best
             )
             if better:
-                self.best = trial.value
+                self.best = value
             note = " (best so far)" if better else ""
-            self.log(f"trial {trial.number} COMPLETE: {self.spec.study.metric}={trial.value:.4f}{note}")
+            cost = (
+                f" {self.spec.study.also_minimize}={trial.values[1]:.4g}"
+                if self.spec.study.also_minimize
+                else ""
+            )
+            self.log(f"trial {trial.number} COMPLETE: {self.spec.study.metric}={value:.4f}{cost}{note}")
         elif state == "PRUNED":
             step = max(trial.intermediate_values) if trial.intermediate_values else 0
             value = study_lib.metric_value(trial)
@@ -387,6 +405,8 @@ class _Dispatcher:
                     failed = failed or trial.state.name == "FAIL"
         if failed:
             queue_retries(self.study, self.spec, self.log)
+        if self.progress:
+            self.progress.tick()
         return seen
 
     def _fail_orphans(self, jobs: list[Any]) -> None:
@@ -426,7 +446,7 @@ def _last_line(err: BaseException) -> str:
     return lines[-1].strip() if lines else repr(err)
 
 
-def summarize(study: optuna.Study, log: Log = print) -> LaunchSummary:
+def summarize(study: optuna.Study, spec: StudySpec, log: Log = print) -> LaunchSummary:
     counts: dict[str, int] = {}
     for trial in study.get_trials(deepcopy=False):
         if trial.user_attrs.get(study_lib.ATTR_SURPLUS):
@@ -434,11 +454,19 @@ def summarize(study: optuna.Study, log: Log = print) -> LaunchSummary:
         counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
     summary = LaunchSummary(counts=counts, best_number=None, best_value=None, best_params={})
     log("trials: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
-    try:
-        best = study.best_trial
-    except ValueError:
+    best = study_lib.best_trial(study, spec)
+    if best is None:
         log("no trial completed")
         return summary
-    summary.best_number, summary.best_value, summary.best_params = best.number, best.value, dict(best.params)
-    log(f"best trial {best.number}: value={best.value:.4f} {study_lib.format_params(best.params)}")
+    summary.best_number, summary.best_value, summary.best_params = (
+        best.number,
+        best.values[0],
+        dict(best.params),
+    )
+    front = study_lib.pareto_front(study, spec)
+    if front:
+        log(f"Pareto front ({' vs '.join(study_lib.objective_names(spec))}): " + ", ".join(
+            f"trial {t.number} ({', '.join(f'{v:.4g}' for v in t.values)})" for t in front
+        ))  # fmt: skip
+    log(f"best trial {best.number}: value={best.values[0]:.4f} {study_lib.format_params(best.params)}")
     return summary

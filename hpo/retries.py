@@ -114,13 +114,13 @@ def worst_value(direction: str | None) -> float:
 
 
 def tell_infeasible(
-    study: optuna.Study, trial_id: int, number: int, reason: str, direction: str | None
+    study: optuna.Study, trial_id: int, number: int, reason: str, directions: list[str]
 ) -> None:
-    """Tell a trial that ran out of memory: COMPLETE, worst value, memory constraint violated."""
+    """Tell a trial that ran out of memory: COMPLETE, worst values, memory constraint violated."""
     import optuna
 
     trial = optuna.Trial(study, trial_id)
     trial.set_constraint(CONSTRAINT_MEMORY, 1.0)
     trial.set_user_attr(study_lib.ATTR_FAIL_REASON, reason)
     trial.set_user_attr(study_lib.ATTR_INFEASIBLE, True)
-    study.tell(number, worst_value(direction))
+    study.tell(number, [worst_value(direction) for direction in directions])

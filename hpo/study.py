@@ -37,6 +37,12 @@ ATTR_JOB_KIND = "job_kind"
 """slurm or local: where a --workers worker (executor "worker") runs."""
 ATTR_INFEASIBLE = "infeasible"
 """Set on a trial that ran out of memory (see hpo.retries)."""
+ATTR_GPU_HOURS = "gpu_hours"
+ATTR_EPOCH_TIME_S = "epoch_time_s"
+"""Mean seconds per epoch (training and validation) of the trial's last run."""
+ATTR_CURVE = "epoch_values"
+"""The metric after each epoch, in a multi-objective study (where Optuna takes no intermediate values)."""
+ATTR_CPU_HOURS = "cpu_hours"
 ATTR_RESUMED_FROM = "resumed_from_epoch"
 """The epoch whose checkpoint the trial's last run resumed from (after a requeue, or a retry)."""
 ATTR_RESTARTS = "restarts"
@@ -146,7 +152,7 @@ def load(spec: StudySpec, storage: BaseStorage, *, create: bool) -> optuna.Study
             storage=storage,
             sampler=sampler,
             pruner=pruner,
-            direction=spec.study.direction,  # type: ignore[arg-type]  # checked: maximize | minimize
+            directions=directions(spec),  # type: ignore[arg-type]  # checked: maximize | minimize
             load_if_exists=True,
         )
     return optuna.load_study(study_name=spec.study.name, storage=storage, sampler=sampler, pruner=pruner)
@@ -156,14 +162,40 @@ def reseed_sampler(study: optuna.Study, spec: StudySpec, seed_stream: int) -> No
     study.sampler = build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source, seed_stream)
 
 
+def directions(spec: StudySpec) -> list[str]:
+    """The metric's direction, then "minimize" for the cost of a multi-objective study."""
+    return [str(spec.study.direction)] + (["minimize"] if spec.study.also_minimize else [])
+
+
+def objective_names(spec: StudySpec) -> list[str]:
+    return [spec.study.metric] + ([spec.study.also_minimize] if spec.study.also_minimize else [])
+
+
 def check_direction(study: optuna.Study, spec: StudySpec) -> None:
-    """A stored study keeps its direction; a study file that changed it is an error, not a surprise."""
-    stored = study.direction.name.lower()
-    if stored != spec.study.direction:
+    """A stored study keeps its directions; a study file that changed them is an error, not a surprise."""
+    stored = [d.name.lower() for d in study.directions]
+    if len(stored) != len(directions(spec)):
         raise StudyFileError(
-            f"{spec.source}: study.direction: the stored study {spec.study.name!r} is {stored}, "
+            f"{spec.source}: study.also_minimize: the stored study {spec.study.name!r} has "
+            f"{len(stored)} objective(s), the file asks for {len(directions(spec))}"
+        )
+    if stored[0] != spec.study.direction:
+        raise StudyFileError(
+            f"{spec.source}: study.direction: the stored study {spec.study.name!r} is {stored[0]}, "
             f"the file says {spec.study.direction}"
         )
+
+
+def name_objective(study: optuna.Study, spec: StudySpec) -> None:
+    """Store the metric's name, so optuna-dashboard's plots say "val_accuracy", not "Objective 0"."""
+    import warnings
+
+    import optuna
+
+    if study.metric_names != objective_names(spec):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(objective_names(spec))
 
 
 def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -199,12 +231,41 @@ def enqueue_first_trials(study: optuna.Study, spec: StudySpec) -> int:
     return len(spec.study.enqueue)
 
 
-def metric_value(trial: optuna.trial.FrozenTrial) -> float | None:
-    if trial.value is not None:
-        return trial.value
+def curve(trial: optuna.trial.FrozenTrial) -> dict[int, float]:
+    """The metric after each epoch: Optuna's intermediate values, or the attribute that holds
+    them in a multi-objective study."""
     if trial.intermediate_values:
-        return trial.intermediate_values[max(trial.intermediate_values)]
-    return None
+        return dict(trial.intermediate_values)
+    return {epoch: float(v) for epoch, v in enumerate(trial.user_attrs.get(ATTR_CURVE, []), start=1)}
+
+
+def metric_value(trial: optuna.trial.FrozenTrial) -> float | None:
+    """The trial's metric: its (first) objective value, else its last reported one."""
+    if trial.values:
+        return trial.values[0]
+    values = curve(trial)
+    return values[max(values)] if values else None
+
+
+def best_trial(study: optuna.Study, spec: StudySpec) -> optuna.trial.FrozenTrial | None:
+    """The best trial; in a multi-objective study, the one of the Pareto front best in the metric."""
+    if not spec.study.also_minimize:
+        try:
+            return study.best_trial
+        except ValueError:
+            return None
+    front = study.best_trials
+    if not front:
+        return None
+    pick = max if spec.study.direction == "maximize" else min
+    return pick(front, key=lambda t: t.values[0])
+
+
+def pareto_front(study: optuna.Study, spec: StudySpec) -> list[optuna.trial.FrozenTrial]:
+    """The multi-objective study's non-dominated trials, best metric first; [] for one objective."""
+    if not spec.study.also_minimize:
+        return []
+    return sorted(study.best_trials, key=lambda t: t.values[0], reverse=spec.study.direction == "maximize")
 
 
 def format_params(params: dict[str, Any]) -> str:

@@ -43,6 +43,8 @@ SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes")
 PRUNERS = ("none", "median", "percentile", "successive_halving", "hyperband", "threshold")
 # Schedulers that exist only in Ray Tune: no Optuna pruner does what they do.
 RAY_ONLY_PRUNERS = ("pbt",)
+# Costs a multi-objective study may minimize alongside its metric (see hpo.trial_job.cost_objective).
+COST_OBJECTIVES = ("gpu_hours", "cpu_hours", "epoch_time_s")
 EXECUTORS = ("local", "slurm")
 BACKENDS = ("optuna", "ray")
 PARAM_TYPES = ("float", "int", "categorical")
@@ -118,6 +120,12 @@ class StudySection:
     )
     metric: str = _field("val_accuracy", f"Objective, reported every epoch: one of {', '.join(METRICS)}.")
     direction: str | None = _field(None, "maximize or minimize (default: what the metric implies).")
+    also_minimize: str | None = _field(
+        None,
+        f"A cost minimized alongside the metric, making a multi-objective study whose result is a "
+        f"Pareto front: one of {', '.join(COST_OBJECTIVES)} (the trial's own). Optuna cannot prune "
+        "such a study: set pruner to none.",
+    )
     sampler: SamplerSpec = dataclasses.field(default_factory=SamplerSpec)
     pruner: PrunerSpec = dataclasses.field(default_factory=PrunerSpec)
     n_trials: int = _field(20, "Trials in the study, those of earlier launches included.")
@@ -142,6 +150,18 @@ class StudySection:
         if self.direction is None:
             self.direction = METRICS[self.metric]
         _one_of("direction", self.direction, ("maximize", "minimize"))
+        if self.also_minimize is not None:
+            _one_of("also_minimize", self.also_minimize, COST_OBJECTIVES)
+            if self.pruner.name != "none":
+                raise _KeyProblem(
+                    "pruner.name",
+                    f"Optuna cannot prune a multi-objective study (also_minimize is set); got "
+                    f"{self.pruner.name!r}, use none",
+                )
+            if self.backend != "optuna":
+                raise _KeyProblem(
+                    "also_minimize", "the ray backend optimizes one objective; use backend optuna"
+                )
         _at_least("n_trials", self.n_trials, 1)
         _at_least("max_concurrent", self.max_concurrent, 1)
         _at_least("max_retries", self.max_retries, 0)
@@ -477,6 +497,8 @@ def _build_spec(document: dict[str, Any], source: str) -> StudySpec:
     )
     _check_space_against_trainer(spec)
     _check_enqueued(spec)
+    if study.also_minimize == "gpu_hours" and not resources.gpus_per_node:
+        raise _KeyProblem("study.also_minimize", "gpu_hours needs resources.gpus_per_node; use cpu_hours")
     return spec
 
 

@@ -19,7 +19,7 @@ import traceback
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hpo import retries
+from hpo import accounting, retries
 from hpo import study as study_lib
 from hpo.storage import StorageRef, open_storage, with_retries
 from trainer.reporting import Decision, EpochMetrics, Reporter
@@ -75,6 +75,15 @@ class TrainerObjective:
             pruned=result.stopped_early,
             attrs={
                 study_lib.ATTR_EPOCHS: result.epochs_completed,
+                **(
+                    {
+                        study_lib.ATTR_EPOCH_TIME_S: round(
+                            sum(m.epoch_time_s for m in result.history) / len(result.history), 3
+                        )
+                    }
+                    if result.history
+                    else {}
+                ),
                 study_lib.ATTR_IMAGES_PER_S: result.train_images_per_s,
                 **(
                     {study_lib.ATTR_RESUMED_FROM: result.resumed_from_epoch}
@@ -121,16 +130,29 @@ class FixedDurationObjective:
 
 
 class OptunaReporter:
-    """The trainer's reporter on rank 0: one intermediate value per epoch, then ``should_prune``."""
+    """The trainer's reporter on rank 0: one intermediate value per epoch, then ``should_prune``.
 
-    def __init__(self, trial: optuna.Trial, metric: str) -> None:
+    A multi-objective study takes no intermediate values and cannot prune: the curve is kept as a
+    trial attribute instead (for `hpo status` and the report) and the run always continues.
+    """
+
+    def __init__(self, trial: optuna.Trial, metric: str, multi_objective: bool = False) -> None:
         self.trial = trial
         self.metric = metric
+        self.multi_objective = multi_objective
+        self.curve: list[float] = (
+            list(trial.user_attrs.get(study_lib.ATTR_CURVE, [])) if multi_objective else []
+        )
 
     def report(self, metrics: EpochMetrics) -> Decision:
         # A database restart mid-trial costs a wait, not the trial (a repeated report of the same
         # step is ignored by Optuna).
         value = float(getattr(metrics, self.metric))
+        if self.multi_objective:
+            # Resumed after a requeue: the epochs already recorded are not repeated.
+            self.curve = [*self.curve[: metrics.epoch - 1], value]
+            with_retries(lambda: self.trial.set_user_attr(study_lib.ATTR_CURVE, self.curve), "report")
+            return Decision.CONTINUE
         with_retries(lambda: self.trial.report(value, step=metrics.epoch), "report")
         prune = with_retries(self.trial.should_prune, "should_prune")
         return Decision.STOP if prune else Decision.CONTINUE
@@ -225,7 +247,8 @@ def run_attached(
         trial.set_user_attr(key, value)
     print(f"rank 0 reporting to study {spec.study.name!r}, trial {trial.number}: {trial.params}", flush=True)
     try:
-        result = objective(spec, trial.number, dict(trial.params), OptunaReporter(trial, spec.study.metric))
+        reporter = OptunaReporter(trial, spec.study.metric, multi_objective=bool(spec.study.also_minimize))
+        result = objective(spec, trial.number, dict(trial.params), reporter)
     except BaseException as err:
         if REQUEUE_REQUESTED.is_set() and isinstance(err, SystemExit):
             # submitit requeued the job (preemption or time limit): the trial stays RUNNING and
@@ -234,36 +257,52 @@ def run_attached(
             raise
         reason = _one_line(err)
         if retries.is_out_of_memory(err):
-            _finish_attrs(trial, started, {})
+            _finish_attrs(spec, trial, started, {})
             with_retries(
                 lambda: retries.tell_infeasible(
-                    study, trial._trial_id, trial.number, reason, spec.study.direction
+                    study, trial._trial_id, trial.number, reason, study_lib.directions(spec)
                 ),
                 "tell",
             )
             print(f"trial {trial.number} infeasible (out of memory): {reason}", flush=True)
             return {"rank": 0, "state": "INFEASIBLE", "value": retries.worst_value(spec.study.direction)}
-        _finish_attrs(trial, started, {study_lib.ATTR_FAIL_REASON: reason})
+        _finish_attrs(spec, trial, started, {study_lib.ATTR_FAIL_REASON: reason})
         _tell(study, trial, state=optuna.trial.TrialState.FAIL)
         print(f"trial {trial.number} FAIL: {reason}", flush=True)
         raise
-    _finish_attrs(trial, started, result.attrs)
+    attrs = _finish_attrs(spec, trial, started, result.attrs)
     if result.pruned:
         _tell(study, trial, state=optuna.trial.TrialState.PRUNED)
         state = "PRUNED"
     else:
-        _tell(study, trial, value=result.value)
+        cost = [cost_objective(spec, attrs)] if spec.study.also_minimize else []
+        _tell(study, trial, values=[result.value, *cost])
         state = "COMPLETE"
     print(f"trial {trial.number} {state}: {spec.study.metric}={result.value:.4f}", flush=True)
     return {"rank": 0, "state": state, "value": result.value}
 
 
-def _finish_attrs(trial: optuna.Trial, started: float, attrs: dict[str, Any]) -> None:
+def cost_objective(spec: StudySpec, attrs: dict[str, Any]) -> float:
+    """The second objective of a multi-objective study, from the trial's attributes: its last
+    run's GPU- or CPU-hours (elapsed time times its allocation) or its mean epoch time."""
+    if spec.study.also_minimize == "epoch_time_s" and study_lib.ATTR_EPOCH_TIME_S not in attrs:
+        return float(attrs[study_lib.ATTR_ELAPSED_S]) / max(1, int(attrs.get(study_lib.ATTR_EPOCHS, 1)))
+    return float(attrs[str(spec.study.also_minimize)])
+
+
+def _finish_attrs(
+    spec: StudySpec, trial: optuna.Trial, started: float, attrs: dict[str, Any]
+) -> dict[str, Any]:
     # Attributes can no longer be set once the trial is told, so they are written just before.
+    elapsed = time.monotonic() - started
+    gpus, cpus = accounting.own_allocation(spec)
     attrs = {
         **attrs,
-        study_lib.ATTR_ELAPSED_S: round(time.monotonic() - started, 3),
+        study_lib.ATTR_ELAPSED_S: round(elapsed, 3),
         study_lib.ATTR_FINISHED_AT: now_iso(),
+        # This run's cost, for optuna-dashboard; `hpo status` and reports take sacct's figures.
+        study_lib.ATTR_GPU_HOURS: round(elapsed * gpus / 3600, 6),
+        study_lib.ATTR_CPU_HOURS: round(elapsed * cpus / 3600, 6),
     }
 
     def write() -> None:
@@ -271,11 +310,14 @@ def _finish_attrs(trial: optuna.Trial, started: float, attrs: dict[str, Any]) ->
             trial.set_user_attr(key, value)
 
     with_retries(write, "set attributes")
+    return attrs
 
 
-def _tell(study: optuna.Study, trial: optuna.Trial, *, value: float | None = None, state: Any = None) -> None:
+def _tell(
+    study: optuna.Study, trial: optuna.Trial, *, values: list[float] | None = None, state: Any = None
+) -> None:
     """Tell once: if a tell cut off by an outage had in fact been stored, the retry leaves it."""
-    with_retries(lambda: study.tell(trial.number, value, state=state, skip_if_finished=True), "tell")
+    with_retries(lambda: study.tell(trial.number, values, state=state, skip_if_finished=True), "tell")
 
 
 def _one_line(err: BaseException) -> str:

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from hpo import executors
+from hpo import accounting, executors
 from hpo import study as study_lib
 from hpo.errors import LaunchError, StudyFileError
 from hpo.ray_backend.population import ATTR_FINAL_PARAMS, ATTR_SCHEDULE
@@ -49,11 +49,14 @@ def status_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
         f"study {spec.study.name}: {len(trials)} of {spec.study.n_trials} trials; "
         + ", ".join(f"{counts[s]} {s}" for s in sorted(counts)),
     ]
-    header = ("#", "state", "epoch", spec.study.metric, "job", "elapsed", "params / reason")
+    cost = accounting.study_cost(spec, trials)
+    unit = "GPU-h" if cost.unit == "GPU-hours" else "CPU-h"
+    header = ("#", "state", "epoch", spec.study.metric, "job", "elapsed", unit, "params / reason")
     rows: list[tuple[str, ...]] = [header]
+    front = {t.number for t in study_lib.pareto_front(study, spec)}
     for t in trials:
         value = study_lib.metric_value(t)
-        last_epoch = max(t.intermediate_values) if t.intermediate_values else 0
+        last_epoch = max(study_lib.curve(t), default=0)
         elapsed = t.user_attrs.get(study_lib.ATTR_ELAPSED_S)
         if elapsed is None and t.duration is not None:
             elapsed = t.duration.total_seconds()
@@ -63,6 +66,7 @@ def status_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
         if reason and (t.state.name == "FAIL" or infeasible):
             detail = f"{detail}  [{reason}]"
         notes = [
+            f"Pareto front, {spec.study.also_minimize}={t.values[1]:.4g}" if t.number in front else "",
             f"retry of {t.user_attrs[ATTR_RETRY_OF]}" if ATTR_RETRY_OF in t.user_attrs else "",
             f"requeued {t.user_attrs[study_lib.ATTR_RESTARTS]}x"
             if study_lib.ATTR_RESTARTS in t.user_attrs
@@ -77,27 +81,55 @@ def status_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
             "-" if value is None else f"{value:.4f}",
             str(t.user_attrs.get(study_lib.ATTR_JOB_ID, "-")),
             "-" if elapsed is None else f"{float(elapsed):.0f}s",
+            accounting.format_hours(cost.of(cost.per_trial[t.number])) if t.number in cost.per_trial else "-",
             detail,
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    lines.append(cost_line(cost))
     return lines
 
 
+def cost_line(cost: accounting.StudyCost) -> str:
+    """The study's cost in one line: total, by state, and what pruning saved."""
+    parts = ", ".join(f"{accounting.format_hours(h)} {state}" for state, h in sorted(cost.by_state.items()))
+    if cost.measured:
+        source = "sacct"
+    elif any(usage.measured for usage in cost.per_trial.values()):
+        source = "sacct where trials had their own Slurm job, else elapsed time x resources"
+    else:
+        source = "elapsed time x resources"
+    return (
+        f"cost: {accounting.format_hours(cost.total)} {cost.unit} ({parts}); "
+        f"pruning saved {accounting.format_hours(cost.saved_by_pruning)} {cost.unit} [{source}]"
+    )
+
+
 def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
-    try:
-        best = study.best_trial
-    except ValueError:
-        raise LaunchError(f"study {spec.study.name!r} has no completed trial yet") from None
+    best = study_lib.best_trial(study, spec)
+    if best is None:
+        raise LaunchError(f"study {spec.study.name!r} has no completed trial yet")
     # A PBT member ends with the settings PBT gave it, on weights that may come from others.
     final = best.user_attrs.get(ATTR_FINAL_PARAMS) or best.params
     try:
         config = spec.trainer_config(final)
     except ConfigError as err:  # the study file's trainer section changed since the trial ran
         raise StudyFileError(f"{spec.source}: trainer: {err}") from None
-    lines = [
-        f"best trial {best.number}: {spec.study.metric}={best.value:.4f} "
+    lines = []
+    front = study_lib.pareto_front(study, spec)
+    if front:
+        lines.append(
+            f"Pareto front ({spec.study.metric} {spec.study.direction}, {spec.study.also_minimize} minimize):"
+        )
+        lines += [
+            f"  trial {t.number}: {spec.study.metric}={t.values[0]:.4f} {spec.study.also_minimize}={t.values[1]:.4g}  "
+            + study_lib.format_params(t.params)
+            for t in front
+        ]  # fmt: skip
+        lines.append(f"of the front, the best {spec.study.metric}:")
+    lines += [
+        f"best trial {best.number}: {spec.study.metric}={best.values[0]:.4f} "
         f"(job {best.user_attrs.get(study_lib.ATTR_JOB_ID, '-')})",
         "params: " + study_lib.format_params(best.params),
     ]
@@ -169,3 +201,30 @@ def _cancel_job(spec: StudySpec, kind: Any, job_id: str) -> None:
         executors.slurm_job(spec, job_id).cancel(check=False)
     except OSError as err:
         raise LaunchError(f"cannot cancel Slurm job {job_id}: {err}") from None
+
+
+def trial_log(spec: StudySpec, study: optuna.Study, number: int, stderr: bool) -> str:
+    """The Slurm (or local) output of trial ``number``'s job, rank 0's."""
+    from submitit.core.utils import JobPaths
+
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    trial = trials.get(number)
+    if trial is None:
+        raise StudyFileError(
+            f"{spec.source}: trial {number}: no such trial in study {spec.study.name!r} (0 to {len(trials) - 1})"
+        )
+    job_id = trial.user_attrs.get(study_lib.ATTR_JOB_ID)
+    executor = trial.user_attrs.get(study_lib.ATTR_EXECUTOR)
+    if job_id is None:
+        raise LaunchError(f"trial {number} ({trial.state.name}) never started in a job: it has no log")
+    if executor == "ray":
+        return f"trial {number} ran in Ray job {job_id}: its log is under {spec.workdir / 'ray_results'}"
+    paths = JobPaths(executors.jobs_folder(spec) / "%j", str(job_id), 0)
+    path = paths.stderr if stderr else paths.stdout
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as err:
+        raise LaunchError(f"trial {number}: cannot read {path}: {err.strerror}") from None
+    if executor == "worker":  # a worker's log holds every trial it ran
+        return f"[worker job {job_id}: the log of every trial it ran]\n{text}"
+    return text

@@ -238,6 +238,7 @@ def run(
     backend = check_reachable(storage, spec.source)
     study = study_lib.load(spec, backend, create=True)
     study_lib.check_direction(study, spec)
+    study_lib.name_objective(study, spec)
     leftovers = fail_leftovers(study)
     study_lib.enqueue_first_trials(study, spec)
     remaining = spec.study.n_trials - sum(

@@ -32,6 +32,7 @@ def launch(
         return study_lib.load(spec, check_reachable(storage, spec.source), create=False)
     study = study_lib.load(spec, check_reachable(storage, spec.source), create=True)
     study_lib.check_direction(study, spec)
+    study_lib.name_objective(study, spec)
     probe = executors.SlurmStates()
     job_id = study.user_attrs.get(study_lib.STUDY_ATTR_RAY_JOB)
     job = executors.slurm_job(spec, str(job_id)) if job_id else None

@@ -2,7 +2,7 @@
 
 The Ray dashboard listens on 127.0.0.1 of the head node only, so the tunnel jumps through the
 login node to the head and forwards to the head's own loopback. optuna-dashboard is run by the
-user on the login node (on 127.0.0.1 too) and forwarded the same way.
+user on the login node with ``hpo dashboard`` (on 127.0.0.1 too) and forwarded the same way.
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ def tunnel_commands(spec: StudySpec, study: optuna.Study, storage: StorageRef, w
             f"   then open http://localhost:{RAY_LOCAL_PORT}"
         )
     lines.append(
-        f"optuna-dashboard: on {login} run `optuna-dashboard --host 127.0.0.1 --port {OPTUNA_DASHBOARD_PORT} "
-        f"{storage.dashboard_argument}`, then: ssh -N -L {OPTUNA_DASHBOARD_PORT}:127.0.0.1:{OPTUNA_DASHBOARD_PORT} {login}"
+        f"optuna-dashboard: on {login} run `hpo dashboard {spec.source} --port {OPTUNA_DASHBOARD_PORT}`, then: "
+        f"ssh -N -L {OPTUNA_DASHBOARD_PORT}:127.0.0.1:{OPTUNA_DASHBOARD_PORT} {login}"
+        f"   then open http://localhost:{OPTUNA_DASHBOARD_PORT}/dashboard/"
     )
     return lines
 

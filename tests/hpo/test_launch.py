@@ -3,8 +3,10 @@ real Slurm jobs on the local cluster, with the study in a journal file or a real
 
 from __future__ import annotations
 
+import json
 import re
 import stat
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -94,13 +96,54 @@ def test_slurm_executor_runs_trials_as_slurm_jobs_with_postgresql(
 
     status = run_hpo("status", str(study_file), "--storage", fresh_database)
     assert status.returncode == 0, status.stderr
+    # CPU-hours (no GPU here) per trial and for the study: exactly what sacct says of their jobs.
+    sacct = subprocess.run(
+        ["sacct", "-X", "-D", "-n", "-P", "-o", "JobID,ElapsedRaw,NCPUS", "-j", ",".join(job_ids)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    cpu_hours = {
+        job: int(elapsed) * int(cpus) / 3600
+        for job, elapsed, cpus in (line.split("|") for line in sacct.stdout.split())
+    }
     for trial in trials:
         row = re.search(
-            rf"^{trial.number}\s+{trial.state.name}\s+\d\s+[\d.]+\s+{trial.user_attrs['job_id']}\s",
+            rf"^{trial.number}\s+{trial.state.name}\s+\d\s+[\d.]+\s+{trial.user_attrs['job_id']}\s+\d+s\s+(\S+)\s",
             status.stdout,
             re.M,
         )
         assert row, status.stdout
+        assert row.group(1) == f"{cpu_hours[trial.user_attrs['job_id']]:.3g}", (row.group(0), cpu_hours)
+    total = re.search(
+        r"^cost: (\S+) CPU-hours \(.*PRUNED.*\); pruning saved (\S+) CPU-hours \[sacct\]$",
+        status.stdout,
+        re.M,
+    )
+    assert total, status.stdout
+    assert total.group(1) == f"{sum(cpu_hours.values()):.3g}"
+    assert float(total.group(2)) > 0  # pruned trials stopped before their 3 epochs
+
+    # The report's figures are sacct's too.
+    report = run_hpo(
+        "report", str(study_file), "--out", str(tmp_path / "report"), "--storage", fresh_database
+    )
+    assert report.returncode == 0, report.stderr
+    summary = json.loads((tmp_path / "report/summary.json").read_text())["cost"]
+    assert summary["source"] == "sacct" and summary["unit"] == "CPU-hours"
+    assert summary["total"] == pytest.approx(sum(cpu_hours.values()))
+    assert summary["per_trial"] == {
+        str(t.number): pytest.approx(cpu_hours[t.user_attrs["job_id"]]) for t in trials
+    }
+
+    # A trial's Slurm output by its number.
+    logs = run_hpo("logs", str(study_file), "0", "--storage", fresh_database)
+    assert logs.returncode == 0 and "rank 0 reporting to study 'slurm-study', trial 0" in logs.stdout, (
+        logs.stdout
+    )
+    err = run_hpo("logs", str(study_file), "0", "--err", "--storage", fresh_database)
+    job = trials[0].user_attrs["job_id"]
+    assert err.returncode == 0 and err.stdout == (tmp_path / f"work/jobs/{job}/{job}_0_log.err").read_text()
+    missing = run_hpo("logs", str(study_file), "99", "--storage", fresh_database)
+    assert missing.returncode == 2 and "trial 99: no such trial" in missing.stderr
 
 
 def test_ddp_trial_across_two_nodes_reports_from_rank_0_and_is_pruned_without_hanging(

@@ -1,0 +1,156 @@
+"""What a study cost in GPU-hours (CPU-hours where trials have no GPU), from Slurm's accounting.
+
+A trial that ran as its own Slurm job costs what ``sacct`` says: the elapsed time of every run of
+the job (a requeued job runs several times; ``--duplicates`` lists each run) times the GPUs, or
+CPUs, allocated to it. Pruned and failed trials count like completed ones: they were paid for.
+Trials that shared a job (``--workers``, the Ray backend) or ran as local processes are charged
+their own elapsed time times the resources one trial gets: an estimate, and marked as one.
+
+Saved by pruning: what the pruned trials would have cost had they trained every epoch, minus what
+they cost; each pruned trial's cost times (planned epochs / epochs trained - 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from hpo import study as study_lib
+
+if TYPE_CHECKING:
+    import optuna
+
+    from hpo.studyfile import StudySpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    seconds: float
+    """Wall time, every run of the job included."""
+    gpus: int
+    cpus: int
+    measured: bool
+    """From sacct; False for an estimate from the trial's own elapsed time."""
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.seconds * self.gpus / 3600
+
+    @property
+    def cpu_hours(self) -> float:
+        return self.seconds * self.cpus / 3600
+
+
+@dataclasses.dataclass
+class StudyCost:
+    unit: str
+    """"GPU-hours", or "CPU-hours" for a study whose trials have no GPU."""
+    per_trial: dict[int, Usage]
+    by_state: dict[str, float]
+    saved_by_pruning: float
+    measured: bool
+    """Every trial's cost came from sacct."""
+
+    @property
+    def total(self) -> float:
+        return sum(self.by_state.values())
+
+    def of(self, usage: Usage) -> float:
+        return usage.gpu_hours if self.unit == "GPU-hours" else usage.cpu_hours
+
+
+def sacct_usage(job_ids: Iterable[str]) -> dict[str, Usage]:
+    """Elapsed time and allocation of Slurm jobs, every run of a requeued job summed."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    try:
+        out = subprocess.run(
+            ["sacct", "-X", "-D", "-n", "-P", "-o", "JobID,ElapsedRaw,AllocTRES", "-j", ",".join(ids)],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {}  # no accounting here: callers fall back to estimates
+    seconds: dict[str, float] = {}
+    allocation: dict[str, tuple[int, int]] = {}
+    for line in out.splitlines():
+        job_id, elapsed, tres = [*line.split("|"), "", ""][:3]
+        if not elapsed.isdigit():
+            continue
+        seconds[job_id] = seconds.get(job_id, 0.0) + float(elapsed)
+        gpus, cpus = _tres_count(tres, "gres/gpu"), _tres_count(tres, "cpu")
+        if gpus or cpus:  # a run that never started has no allocation
+            allocation[job_id] = (gpus, cpus)
+    return {
+        job_id: Usage(secs, *allocation.get(job_id, (0, 0)), measured=True)
+        for job_id, secs in seconds.items()
+    }
+
+
+def _tres_count(tres: str, name: str) -> int:
+    """``gres/gpu=4`` (else the sum of typed ``gres/gpu:a100=4``) or ``cpu=8`` from AllocTRES."""
+    counts = {
+        key: int(value)
+        for key, _, value in (item.partition("=") for item in tres.split(","))
+        if value.isdigit()
+    }
+    if name in counts:
+        return counts[name]
+    return sum(value for key, value in counts.items() if key.startswith(name + ":"))
+
+
+def own_allocation(spec: StudySpec) -> tuple[int, int]:
+    """(GPUs, CPUs) of the job this process runs in: Slurm's numbers, else the study's."""
+    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or 1)
+        gpus = int(os.environ.get("SLURM_GPUS_ON_NODE") or 0)
+        cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or 0)
+        return gpus * nodes, cpus * nodes
+    res = spec.resources
+    return res.gpus_per_node * res.nodes, res.cpus_per_task * res.world_size
+
+
+def trial_estimate(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> Usage:
+    """The trial's own elapsed time times what one trial gets (shared or local jobs)."""
+    res = spec.resources
+    seconds = trial.user_attrs.get(study_lib.ATTR_ELAPSED_S)
+    if seconds is None and trial.duration is not None:
+        seconds = trial.duration.total_seconds()
+    ranks = res.tasks_per_node if spec.study.backend == "ray" else res.world_size
+    gpus = res.gpus_per_node * (1 if spec.study.backend == "ray" else res.nodes)
+    return Usage(float(seconds or 0.0), gpus, res.cpus_per_task * ranks, measured=False)
+
+
+def study_cost(spec: StudySpec, trials: Sequence[optuna.trial.FrozenTrial]) -> StudyCost:
+    # Per-trial Slurm jobs: their own job is their cost. (A worker's or Ray trial's job is shared.)
+    own_job = {
+        t.number: str(t.user_attrs[study_lib.ATTR_JOB_ID])
+        for t in trials
+        if t.user_attrs.get(study_lib.ATTR_EXECUTOR) == "slurm" and study_lib.ATTR_JOB_ID in t.user_attrs
+    }
+    measured = sacct_usage(own_job.values())
+    per_trial: dict[int, Usage] = {}
+    for trial in trials:
+        if trial.state.name == "WAITING" or trial.user_attrs.get(study_lib.ATTR_SURPLUS):
+            continue
+        job = own_job.get(trial.number, "")
+        per_trial[trial.number] = measured[job] if job in measured else trial_estimate(spec, trial)
+    unit = "GPU-hours" if spec.resources.gpus_per_node else "CPU-hours"
+    cost = StudyCost(unit, per_trial, {}, 0.0, all(u.measured for u in per_trial.values()))
+    planned = int(spec.trainer.get("epochs", 1))
+    for trial in trials:
+        if trial.number not in per_trial:
+            continue
+        spent = cost.of(per_trial[trial.number])
+        cost.by_state[trial.state.name] = cost.by_state.get(trial.state.name, 0.0) + spent
+        trained = len(trial.intermediate_values)
+        if trial.state.name == "PRUNED" and 0 < trained < planned:
+            cost.saved_by_pruning += spent * (planned / trained - 1)
+    return cost
+
+
+def format_hours(hours: float) -> str:
+    return f"{hours:.3g}" if hours < 10 else f"{hours:.1f}"

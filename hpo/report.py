@@ -1,0 +1,297 @@
+"""``hpo report``: a study as a static HTML page, a CSV, a summary.json and PNG plots.
+
+The HTML page carries plotly.js inline, so it opens offline (a laptop that copied the folder from
+the cluster). Optuna's own visualization module draws the plots (plotly for the page, matplotlib
+for the PNGs); only the learning curves are drawn here, because Optuna's intermediate-values plot
+does not tell pruned trials from the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpo import accounting, views
+from hpo import study as study_lib
+from hpo.errors import LaunchError, StudyFileError
+from hpo.paths import private_dir
+
+if TYPE_CHECKING:
+    import optuna
+
+    from hpo.studyfile import StudySpec
+
+_STATE_COLORS = {"COMPLETE": "#1f77b4", "PRUNED": "#d62728", "FAIL": "#7f7f7f", "RUNNING": "#2ca02c"}
+
+
+def write_report(spec: StudySpec, study: optuna.Study, out: Path) -> list[Path]:
+    """Write the report into ``out``; return the files written."""
+    try:
+        import matplotlib  # noqa: F401
+        import pandas  # noqa: F401
+        import plotly  # noqa: F401
+    except ImportError as err:
+        raise LaunchError(f"hpo report needs {err.name}: pip install 'slurm-hpo[report]'") from None
+    trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(study_lib.ATTR_SURPLUS)]
+    if not trials:
+        raise LaunchError(f"study {spec.study.name!r} has no trial yet: nothing to report")
+    try:
+        out = private_dir(out)
+    except OSError as err:
+        raise StudyFileError(f"--out: cannot create {out}: {err.strerror}") from None
+    cost = accounting.study_cost(spec, trials)
+    best_lines = _best_lines(spec, study)
+    written = [
+        _write_csv(study, out / "trials.csv"),
+        _write_summary(spec, study, trials, cost, best_lines, out / "summary.json"),
+    ]
+    plots = _plots(spec, study, trials)
+    images: list[Path] = []
+    with _quiet_experimental():
+        for name, (_, draw_png) in plots.items():
+            path = _write_png(draw_png, out / f"{name}.png")
+            if path is not None:
+                images.append(path)
+    page = _html_page(spec, study, trials, cost, best_lines, plots)
+    (out / "index.html").write_text(page)
+    return [out / "index.html", *written, *images]
+
+
+# --- plots ----------------------------------------------------------------------------------
+# Each plot: a title and (plotly figure maker, matplotlib PNG maker); makers raise when the study
+# cannot have that plot yet (one completed trial has no parameter importances).
+Plot = tuple[Callable[[], Any], Callable[[], Any]]
+
+
+def _plots(spec: StudySpec, study: optuna.Study, trials: list[optuna.trial.FrozenTrial]) -> dict[str, Plot]:
+    from optuna import visualization as vis
+    from optuna.visualization import matplotlib as vis_mpl
+
+    # A multi-objective study's plots are of its metric (its first objective), plus the front.
+    target: Any = (lambda t: t.values[0]) if spec.study.also_minimize else None
+    names = study_lib.objective_names(spec)
+    plots: dict[str, Plot] = {}
+    if spec.study.also_minimize:
+        plots["pareto_front"] = (
+            lambda: vis.plot_pareto_front(study, target_names=names),
+            lambda: vis_mpl.plot_pareto_front(study, target_names=names),
+        )
+    return plots | {
+        "optimization_history": (
+            lambda: vis.plot_optimization_history(study, target=target, target_name=spec.study.metric),
+            lambda: vis_mpl.plot_optimization_history(study, target=target, target_name=spec.study.metric),
+        ),
+        "learning_curves": (
+            lambda: _learning_curves_plotly(spec, trials),
+            lambda: _learning_curves_matplotlib(spec, trials),
+        ),
+        "parallel_coordinate": (
+            lambda: vis.plot_parallel_coordinate(study, target=target, target_name=spec.study.metric),
+            lambda: vis_mpl.plot_parallel_coordinate(study, target=target, target_name=spec.study.metric),
+        ),
+        "param_importances": (
+            lambda: vis.plot_param_importances(study, target=target, target_name=spec.study.metric),
+            lambda: vis_mpl.plot_param_importances(study, target=target, target_name=spec.study.metric),
+        ),
+        "slice": (
+            lambda: vis.plot_slice(study, target=target, target_name=spec.study.metric),
+            lambda: vis_mpl.plot_slice(study, target=target, target_name=spec.study.metric),
+        ),
+    }
+
+
+_TITLES = {
+    "pareto_front": "Pareto front",
+    "optimization_history": "Optimization history",
+    "learning_curves": "Learning curves (pruned trials in red, ending in x)",
+    "parallel_coordinate": "Parallel coordinates",
+    "param_importances": "Parameter importances",
+    "slice": "Slices",
+}
+
+
+def _curves(
+    trials: list[optuna.trial.FrozenTrial],
+) -> Iterator[tuple[optuna.trial.FrozenTrial, list[int], list[float]]]:
+    for t in trials:
+        values = study_lib.curve(t)
+        if values:
+            steps = sorted(values)
+            yield t, steps, [values[s] for s in steps]
+
+
+def _learning_curves_plotly(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> Any:
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    for t, steps, values in _curves(trials):
+        pruned = t.state.name == "PRUNED"
+        color = _STATE_COLORS.get(t.state.name, "#9467bd")
+        figure.add_trace(
+            go.Scatter(
+                x=steps,
+                y=values,
+                mode="lines+markers",
+                name=f"trial {t.number} ({t.state.name})",
+                line={"color": color, "dash": "dot" if pruned else "solid"},
+                marker={"symbol": ["circle"] * (len(steps) - 1) + ["x" if pruned else "circle"], "size": 8},
+            )
+        )
+    figure.update_layout(xaxis_title="epoch", yaxis_title=spec.study.metric)
+    return figure
+
+
+def _learning_curves_matplotlib(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> Any:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    _, axes = plt.subplots(figsize=(8, 5))
+    for t, steps, values in _curves(trials):
+        pruned = t.state.name == "PRUNED"
+        color = _STATE_COLORS.get(t.state.name, "#9467bd")
+        axes.plot(steps, values, color=color, linestyle=":" if pruned else "-", marker="o", markersize=3)
+        if pruned:
+            axes.plot(steps[-1], values[-1], color=color, marker="x", markersize=9)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs
+    axes.set_xlabel("epoch")
+    axes.set_ylabel(spec.study.metric)
+    axes.set_title("Learning curves (pruned: red, x)")
+    return axes
+
+
+@contextlib.contextmanager
+def _quiet_experimental() -> Iterator[None]:
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        # Few trials make degenerate axes and equal importances; the plots say as much.
+        warnings.simplefilter("ignore", UserWarning)
+        yield
+
+
+def _write_png(draw: Callable[[], Any], path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on a login or compute node
+    import matplotlib.pyplot as plt
+
+    try:
+        drawn = draw()
+    except (ValueError, RuntimeError):
+        return None  # not enough trials for this plot yet; the page says so
+    axes = drawn.flat[0] if hasattr(drawn, "flat") else drawn  # plot_slice gives one axes per parameter
+    figure = axes.figure
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+# --- files ----------------------------------------------------------------------------------
+def _write_csv(study: optuna.Study, path: Path) -> Path:
+    frame = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs", "duration",
+                                          "datetime_start", "datetime_complete", "intermediate_values"))  # fmt: skip
+    frame.to_csv(path, index=False)
+    return path
+
+
+def _best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
+    try:
+        return views.best_lines(spec, study)
+    except LaunchError as err:  # no completed trial yet
+        return [str(err)]
+
+
+def _write_summary(
+    spec: StudySpec,
+    study: optuna.Study,
+    trials: list[optuna.trial.FrozenTrial],
+    cost: accounting.StudyCost,
+    best_lines: list[str],
+    path: Path,
+) -> Path:
+    best: dict[str, Any] | None = None
+    trial = study_lib.best_trial(study, spec)
+    if trial is not None:
+        best = {
+            "number": trial.number,
+            "value": trial.values[0],
+            "params": trial.params,
+            "job_id": trial.user_attrs.get(study_lib.ATTR_JOB_ID),
+            "command": next((line.removeprefix("train it: ") for line in best_lines if line.startswith("train it: ")), None),
+        }  # fmt: skip
+    summary = {
+        "study": spec.study.name,
+        "metric": spec.study.metric,
+        "direction": spec.study.direction,
+        "n_trials": spec.study.n_trials,
+        "trials": len(trials),
+        "states": dict(Counter(t.state.name for t in trials)),
+        "best": best,
+        "objectives": dict(zip(study_lib.objective_names(spec), study_lib.directions(spec), strict=True)),
+        "pareto_front": [
+            {"number": t.number, "values": t.values, "params": t.params}
+            for t in study_lib.pareto_front(study, spec)
+        ],
+        "cost": {
+            "unit": cost.unit,
+            "total": cost.total,
+            "by_state": cost.by_state,
+            "saved_by_pruning": cost.saved_by_pruning,
+            "source": "sacct"
+            if cost.measured
+            else "estimates (elapsed time x resources) where not from sacct",
+            "per_trial": {str(n): cost.of(u) for n, u in sorted(cost.per_trial.items())},
+        },
+    }
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def _html_page(
+    spec: StudySpec,
+    study: optuna.Study,
+    trials: list[optuna.trial.FrozenTrial],
+    cost: accounting.StudyCost,
+    best_lines: list[str],
+    plots: dict[str, Plot],
+) -> str:
+    counts = Counter(t.state.name for t in trials)
+    sections = []
+    plotly_included = False
+    with _quiet_experimental():
+        for name, (make_figure, _) in plots.items():
+            try:
+                figure = make_figure()
+            except (ValueError, RuntimeError) as err:
+                body = f"<p class='note'>not available: {html.escape(str(err))}</p>"
+            else:
+                # plotly.js once, inline: the page works without network.
+                body = figure.to_html(full_html=False, include_plotlyjs=not plotly_included)
+                plotly_included = True
+            sections.append(f"<h2 id='{name}'>{_TITLES[name]}</h2>\n{body}")
+    status = "\n".join(views.status_lines(spec, study))
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>Study {html.escape(spec.study.name)}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}pre{{background:#f4f4f4;padding:1em;overflow-x:auto}}.note{{color:#777}}</style>
+</head><body>
+<h1>Study {html.escape(spec.study.name)}</h1>
+<p>{len(trials)} of {spec.study.n_trials} trials: {html.escape(", ".join(f"{counts[s]} {s}" for s in sorted(counts)))}.
+Metric: {html.escape(spec.study.metric)} ({html.escape(str(spec.study.direction))}).</p>
+<h2 id="best">Best configuration</h2>
+<pre>{html.escape(chr(10).join(best_lines))}</pre>
+<h2 id="cost">Cost</h2>
+<p>{html.escape(views.cost_line(cost))}</p>
+{chr(10).join(sections)}
+<h2 id="trials">Trials</h2>
+<pre>{html.escape(status)}</pre>
+<p>All trials: <a href="trials.csv">trials.csv</a>; figures: <a href="summary.json">summary.json</a>.</p>
+</body></html>
+"""
