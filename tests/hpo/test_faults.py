@@ -45,14 +45,16 @@ def fault_line(fault: str, outcome: str, lost: int, recovery_s: float | None) ->
 
 
 def one_trial_study(name: str, workdir: Path, epochs: int) -> dict[str, Any]:
-    """One trial of the known-good configuration, as a Slurm job, long enough to be hit mid-run."""
+    """One trial of the known-good configuration, as a Slurm job, long enough to be hit mid-run:
+    the epochs left after the first outlast Slurm's KillWait (10 s here), during which a job that
+    is being requeued or cancelled still runs (submitit ignores the SIGTERM) and could finish."""
     document = study_document(
         name,
         workdir,
         study={"n_trials": 1, "max_concurrent": 1, "enqueue": [GOOD], "pruner": {"name": "none"}},
         resources={"executor": "slurm"},
     )
-    document["trainer"].update(epochs=epochs, max_steps_per_epoch=40)
+    document["trainer"].update(epochs=epochs, max_steps_per_epoch=120)
     return document
 
 
@@ -229,7 +231,7 @@ def test_relaunch_after_the_launcher_stops_finishes_the_budget_exactly(
 ) -> None:
     name = f"resume-{uuid.uuid4().hex[:8]}"  # sacct below is queried by job name
     document = study_document(name, tmp_path / "work", study={"n_trials": 6})
-    document["trainer"]["max_steps_per_epoch"] = 40  # trials long enough to outlive the relaunch
+    document["trainer"]["max_steps_per_epoch"] = 120  # trials long enough to outlive the relaunch
     study_file = write_study(tmp_path / "study.yaml", document)
     launcher = launch_in_background(study_file, fresh_database, "--executor", "slurm")
     # Stop it once a trial has finished and another has just been submitted.
