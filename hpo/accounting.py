@@ -16,9 +16,11 @@ import dataclasses
 import os
 import subprocess
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from hpo import study as study_lib
+from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
     import optuna
@@ -30,8 +32,9 @@ if TYPE_CHECKING:
 class Usage:
     seconds: float
     """Wall time, every run of the job included."""
-    gpus: int
-    cpus: int
+    gpus: float
+    cpus: float
+    """Allocated to it (averaged over the runs of a requeued job, weighted by their time)."""
     measured: bool
     """From sacct; False for an estimate from the trial's own elapsed time."""
 
@@ -62,31 +65,36 @@ class StudyCost:
         return usage.gpu_hours if self.unit == "GPU-hours" else usage.cpu_hours
 
 
-def sacct_usage(job_ids: Iterable[str]) -> dict[str, Usage]:
-    """Elapsed time and allocation of Slurm jobs, every run of a requeued job summed."""
+def sacct_usage(job_ids: Iterable[str], since: datetime | None = None) -> dict[str, Usage]:
+    """Elapsed time and allocation of Slurm jobs, every run of a requeued job summed.
+
+    ``since`` (the study's first trial) keeps out older jobs that had the same id (sacct searches
+    from the epoch when given job ids; ids restart after a wrap-around or a controller reset).
+    """
     ids = sorted(set(job_ids))
     if not ids:
         return {}
+    window = ["-S", since.strftime("%Y-%m-%dT%H:%M:%S")] if since is not None else []
     try:
         out = subprocess.run(
-            ["sacct", "-X", "-D", "-n", "-P", "-o", "JobID,ElapsedRaw,AllocTRES", "-j", ",".join(ids)],
+            ["sacct", "-X", "-D", "-n", "-P", "-o", "JobID,ElapsedRaw,AllocTRES", *window, "-j", ",".join(ids)],
             capture_output=True, text=True, timeout=60, check=True,
         ).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return {}  # no accounting here: callers fall back to estimates
-    seconds: dict[str, float] = {}
-    allocation: dict[str, tuple[int, int]] = {}
+    # Per job: seconds, GPU-seconds, CPU-seconds, each run with its own allocation.
+    sums: dict[str, list[float]] = {}
     for line in out.splitlines():
         job_id, elapsed, tres = [*line.split("|"), "", ""][:3]
         if not elapsed.isdigit():
             continue
-        seconds[job_id] = seconds.get(job_id, 0.0) + float(elapsed)
-        gpus, cpus = _tres_count(tres, "gres/gpu"), _tres_count(tres, "cpu")
-        if gpus or cpus:  # a run that never started has no allocation
-            allocation[job_id] = (gpus, cpus)
+        run = sums.setdefault(job_id, [0.0, 0.0, 0.0])
+        run[0] += float(elapsed)
+        run[1] += float(elapsed) * _tres_count(tres, "gres/gpu")
+        run[2] += float(elapsed) * _tres_count(tres, "cpu")
     return {
-        job_id: Usage(secs, *allocation.get(job_id, (0, 0)), measured=True)
-        for job_id, secs in seconds.items()
+        job_id: Usage(secs, gpu_s / secs if secs else 0.0, cpu_s / secs if secs else 0.0, measured=True)
+        for job_id, (secs, gpu_s, cpu_s) in sums.items()
     }
 
 
@@ -131,25 +139,40 @@ def study_cost(spec: StudySpec, trials: Sequence[optuna.trial.FrozenTrial]) -> S
         for t in trials
         if t.user_attrs.get(study_lib.ATTR_EXECUTOR) == "slurm" and study_lib.ATTR_JOB_ID in t.user_attrs
     }
-    measured = sacct_usage(own_job.values())
+    starts = [t.datetime_start for t in trials if t.number in own_job and t.datetime_start is not None]
+    measured = sacct_usage(own_job.values(), since=min(starts) - timedelta(days=1) if starts else None)
+    study_gpus = spec.resources.gpus_per_node * spec.resources.nodes
     per_trial: dict[int, Usage] = {}
     for trial in trials:
         if trial.state.name == "WAITING" or trial.user_attrs.get(study_lib.ATTR_SURPLUS):
             continue
         job = own_job.get(trial.number, "")
-        per_trial[trial.number] = measured[job] if job in measured else trial_estimate(spec, trial)
+        usage = measured[job] if job in measured else trial_estimate(spec, trial)
+        if usage.measured and study_gpus and not usage.gpus:
+            # A cluster that does not track gres/gpu in AccountingStorageTRES: sacct's time
+            # times the GPUs the study asked for, an estimate.
+            usage = Usage(usage.seconds, study_gpus, usage.cpus, measured=False)
+        per_trial[trial.number] = usage
     unit = "GPU-hours" if spec.resources.gpus_per_node else "CPU-hours"
     cost = StudyCost(unit, per_trial, {}, 0.0, all(u.measured for u in per_trial.values()))
-    planned = int(spec.trainer.get("epochs", 1))
     for trial in trials:
         if trial.number not in per_trial:
             continue
         spent = cost.of(per_trial[trial.number])
         cost.by_state[trial.state.name] = cost.by_state.get(trial.state.name, 0.0) + spent
+        planned = _planned_epochs(spec, trial)
         trained = len(trial.intermediate_values)
         if trial.state.name == "PRUNED" and 0 < trained < planned:
             cost.saved_by_pruning += spent * (planned / trained - 1)
     return cost
+
+
+def _planned_epochs(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> int:
+    """The epochs the trial was to train (``epochs`` may be a searched parameter)."""
+    try:
+        return spec.trainer_config(trial.params).epochs
+    except ConfigError:  # the study file changed since: its fixed setting is the best guess
+        return int(spec.trainer.get("epochs", 1))
 
 
 def format_hours(hours: float) -> str:

@@ -47,7 +47,7 @@ def serve(spec: StudySpec, ref: StorageRef, study: optuna.Study, host: str, port
     try:
         optuna_dashboard.run_server(storage, host=host, port=port)
     except OSError as err:  # port taken, host not on this machine
-        raise LaunchError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+        raise LaunchError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
     return 0
 
 

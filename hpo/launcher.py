@@ -167,6 +167,8 @@ class _Dispatcher:
         if not self.in_flight and (budget_left <= 0 or not accepting):
             if not accepting and budget_left > 0:
                 self.log(f"stopped early: {budget_left} trials of the budget not started")
+            if self.progress:
+                self.progress.tick()  # the final count
             return True
         if self.progress:
             self.progress.tick()

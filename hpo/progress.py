@@ -17,7 +17,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, TextIO
 
 from hpo import accounting
@@ -92,9 +92,10 @@ class Progress:
             self._shown = False
 
     def _trials(self) -> list[optuna.trial.FrozenTrial]:
-        return [
-            t for t in self.study.get_trials(deepcopy=False) if not t.user_attrs.get(study_lib.ATTR_SURPLUS)
-        ]
+        """The trials the budget counts: no surplus ones, no failed ones that were retried."""
+        trials = self.study.get_trials(deepcopy=False)
+        retried = study_lib.retried_numbers(trials)
+        return [t for t in trials if not t.user_attrs.get(study_lib.ATTR_SURPLUS) and t.number not in retried]
 
     def line(self, trials: list[optuna.trial.FrozenTrial] | None = None) -> str:
         trials = self._trials() if trials is None else trials
@@ -130,8 +131,14 @@ class Progress:
             if t.state.name == "WAITING":
                 continue
             usage = accounting.trial_estimate(self.spec, t)
-            if t.state.name == "RUNNING" and t.datetime_start is not None:
-                seconds = (datetime.now() - t.datetime_start).total_seconds()
+            if t.state.name == "RUNNING":
+                # From when its job started: a job waiting in the queue costs nothing yet.
+                started = t.user_attrs.get(study_lib.ATTR_STARTED_AT)
+                seconds = (
+                    (datetime.now(timezone.utc) - datetime.fromisoformat(started)).total_seconds()
+                    if started
+                    else 0.0
+                )
                 usage = accounting.Usage(max(0.0, seconds), usage.gpus, usage.cpus, measured=False)
             total += usage.gpu_hours if res.gpus_per_node else usage.cpu_hours
         return f"{accounting.format_hours(total)} {unit} used"

@@ -67,7 +67,15 @@ def queue_retries(study: optuna.Study, max_retries: int) -> list[int]:
                 state=optuna.trial.TrialState.WAITING,
                 params=dict(trial.params),
                 distributions=dict(trial.distributions),
-                user_attrs={ATTR_RETRY_OF: trial.number},
+                user_attrs={
+                    ATTR_RETRY_OF: trial.number,
+                    # A multi-objective trial's curve, as intermediate values are for the others.
+                    **(
+                        {study_lib.ATTR_CURVE: trial.user_attrs[study_lib.ATTR_CURVE]}
+                        if study_lib.ATTR_CURVE in trial.user_attrs
+                        else {}
+                    ),
+                },
                 system_attrs={
                     study_lib.SYSTEM_ATTR_FAILED_TRIAL: history[0],
                     study_lib.SYSTEM_ATTR_RETRY_HISTORY: history,

@@ -41,7 +41,7 @@ ATTR_GPU_HOURS = "gpu_hours"
 ATTR_EPOCH_TIME_S = "epoch_time_s"
 """Mean seconds per epoch (training and validation) of the trial's last run."""
 ATTR_CURVE = "epoch_values"
-"""The metric after each epoch, in a multi-objective study (where Optuna takes no intermediate values)."""
+"""{epoch: metric} after each epoch, in a multi-objective study (which takes no intermediate values)."""
 ATTR_CPU_HOURS = "cpu_hours"
 ATTR_RESUMED_FROM = "resumed_from_epoch"
 """The epoch whose checkpoint the trial's last run resumed from (after a requeue, or a retry)."""
@@ -236,7 +236,7 @@ def curve(trial: optuna.trial.FrozenTrial) -> dict[int, float]:
     them in a multi-objective study."""
     if trial.intermediate_values:
         return dict(trial.intermediate_values)
-    return {epoch: float(v) for epoch, v in enumerate(trial.user_attrs.get(ATTR_CURVE, []), start=1)}
+    return {int(epoch): float(v) for epoch, v in trial.user_attrs.get(ATTR_CURVE, {}).items()}
 
 
 def metric_value(trial: optuna.trial.FrozenTrial) -> float | None:

@@ -140,8 +140,9 @@ class OptunaReporter:
         self.trial = trial
         self.metric = metric
         self.multi_objective = multi_objective
-        self.curve: list[float] = (
-            list(trial.user_attrs.get(study_lib.ATTR_CURVE, [])) if multi_objective else []
+        # epoch (a string: attributes are JSON) -> value; a requeued or retried run goes on with it
+        self.curve: dict[str, float] = (
+            dict(trial.user_attrs.get(study_lib.ATTR_CURVE, {})) if multi_objective else {}
         )
 
     def report(self, metrics: EpochMetrics) -> Decision:
@@ -149,8 +150,8 @@ class OptunaReporter:
         # step is ignored by Optuna).
         value = float(getattr(metrics, self.metric))
         if self.multi_objective:
-            # Resumed after a requeue: the epochs already recorded are not repeated.
-            self.curve = [*self.curve[: metrics.epoch - 1], value]
+            earlier = {k: v for k, v in self.curve.items() if int(k) < metrics.epoch}
+            self.curve = {**earlier, str(metrics.epoch): value}
             with_retries(lambda: self.trial.set_user_attr(study_lib.ATTR_CURVE, self.curve), "report")
             return Decision.CONTINUE
         with_retries(lambda: self.trial.report(value, step=metrics.epoch), "report")

@@ -31,7 +31,7 @@ def open_study(spec: StudySpec, ref: StorageRef) -> optuna.Study:
 
     try:
         storage = open_storage(ref, create=False)
-        return study_lib.load(spec, storage, create=False)
+        study = study_lib.load(spec, storage, create=False)
     except (KeyError, FileNotFoundError):
         raise StudyFileError(f"{spec.source}: study.name: no study {spec.study.name!r} in {mask(str(ref))}; "
                              "run `hpo launch` first") from None  # fmt: skip
@@ -40,6 +40,8 @@ def open_study(spec: StudySpec, ref: StorageRef) -> optuna.Study:
     except Exception as err:  # drivers raise many types for an unreachable server
         raise StudyFileError(f"{spec.source}: study.storage: cannot open {mask(str(ref))}: "
                              f"{str(getattr(err, 'orig', None) or err).strip().splitlines()[0]}") from None  # fmt: skip
+    study_lib.check_direction(study, spec)  # a file whose objectives changed would misread it
+    return study
 
 
 def status_lines(spec: StudySpec, study: optuna.Study) -> list[str]:

@@ -43,11 +43,12 @@ def test_progress_on_a_non_terminal_is_plain_lines(finished_study: tuple[Path, d
     assert "\r" not in output and "\x1b" not in output, repr(output[-500:])
     progress = [line for line in output.splitlines() if line.startswith("progress: ")]
     assert progress, output
-    # A line each time trials end; the last one, once all 6 were started, counts each of them.
-    last = re.match(r"progress: (\d)/6 done \(.*\), (\d) running, best val_accuracy=0\.\d{4} \(trial \d\), "
-                    r"[\d.e-]+ CPU-hours used, ~\d+ s left$", progress[-1])  # fmt: skip
-    assert last and int(last[1]) + int(last[2]) == 6, progress[-1]
-    assert len(progress) >= 3
+    # A line each time trials end, with a time-left estimate while trials remain; the last one
+    # counts them all.
+    assert re.fullmatch(r"progress: 6/6 done \(.*\), 0 running, best val_accuracy=0\.\d{4} \(trial \d\), "
+                        r"[\d.e-]+ CPU-hours used", progress[-1]), progress[-1]  # fmt: skip
+    assert any(re.search(r", [12] running, .* CPU-hours used, ~\d+ (s|min) left$", line) for line in progress)
+    assert len(progress) >= 4
 
 
 def test_report_holds_every_plot_and_every_trial(
@@ -68,7 +69,8 @@ def test_report_holds_every_plot_and_every_trial(
     assert page.count('class="plotly-graph-div"') == len(PLOTS)
     assert "train it: python -m trainer " in page and "pruning saved" in page
     # Pruned trials are drawn as such: their curves end with an "x" marker.
-    assert any(t.state.name == "PRUNED" for t in trials) and '"x"' in page
+    assert any(t.state.name == "PRUNED" for t in trials)
+    assert re.search(r'"symbol":\[("circle",)*"x"\]', page)
 
     with (out / "trials.csv").open() as handle:
         rows = list(csv.DictReader(handle))
@@ -119,7 +121,11 @@ def _wait_listening(port: int, server: subprocess.Popen[str], timeout: float = 6
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 return
-        assert server.poll() is None and time.monotonic() < deadline, server.communicate()[0]
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            raise AssertionError(
+                f"hpo dashboard did not listen on {port}: {server.communicate(timeout=30)[0]}"
+            )
         time.sleep(0.2)
 
 
@@ -207,7 +213,10 @@ def test_a_multi_objective_study_gives_a_pareto_front(
     assert [t.state.name for t in trials] == ["COMPLETE"] * 5
     for t in trials:  # the second objective is the trial's own CPU-hours; the curve is kept
         assert len(t.values) == 2 and t.values[1] == t.user_attrs["cpu_hours"] > 0
-        assert len(t.user_attrs["epoch_values"]) == 2 and t.user_attrs["epoch_values"][-1] == t.values[0]
+        assert (
+            t.user_attrs["epoch_values"].keys() == {"1", "2"}
+            and t.user_attrs["epoch_values"]["2"] == t.values[0]
+        )
     front = [
         t.number
         for t in trials
