@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 # torch is pinned where it is installed: a range that admits a newer release pulls several GB.
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: setup system-deps cluster cluster-down test lint quickstart train bench clean
+.PHONY: setup system-deps cluster cluster-down test lint quickstart train bench bench-quick clean
 
 setup: system-deps $(STAMP)
 
@@ -46,9 +46,13 @@ train: setup
 	$(PY) -m trainer --config studies/trainer-fashion-mnist.yaml \
 		--checkpoint-dir runs/train --result-json runs/train/result.json
 
+# Every benchmark, side by side, into bench/results/ and docs/benchmarks.md (about 60 minutes;
+# `make bench-quick` about 10).
 bench: setup cluster
-	$(PY) bench/throughput.py
-	$(PY) bench/dispatch.py
+	$(PY) -m bench all
+
+bench-quick: setup cluster
+	$(PY) -m bench all --quick
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,136 @@
+"""Every benchmark in one run: ``python -m bench all [--quick]`` (or ``make bench``).
+
+Runs, one after the other (each compares its sides within its own run and prints ratios):
+
+- throughput: the trainer against the naive reference script and a bare loop (images/s);
+- dispatch: per-trial jobs, --workers and the Ray backend on the local Slurm cluster, makespan
+  against the ideal N*t/K;
+- storage: ask/report/tell throughput and errors against worker processes, per storage;
+- efficiency: random, TPE, TPE+ASHA and Ray ASHA on the real Fashion-MNIST.
+
+Each one's printed output and JSON land in ``bench/results/`` (or ``--out``), and
+``docs/benchmarks.md`` is rewritten from them with the machine they ran on.
+
+    python -m bench all            # about 60 minutes on the 2-core development machine
+    python -m bench all --quick    # about 10 minutes
+    python -m bench storage        # one of them
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# name: (script, its full-run arguments, its quick arguments, what the table shows)
+BENCHMARKS: dict[str, tuple[str, list[str], list[str], str]] = {
+    "throughput": (
+        "throughput.py", [], ["--repeats", "3", "--steps", "40"],
+        "Training throughput on CPU: the trainer against the naive reference configuration and a "
+        "bare loop, images/s, medians of paired repeats.",
+    ),
+    "dispatch": (
+        "dispatch.py", ["--trials", "32"], ["--quick"],
+        "Orchestration overhead on the local Slurm cluster: N trials of a fixed-duration objective "
+        "at K=4, makespan against the ideal N*t/K (target at most 1.15x).",
+    ),
+    "storage": (
+        "storage.py", [], ["--quick"],
+        "Storage scale: trials/s (ask, 3 reports, tell) and errors against concurrent worker "
+        "processes (target: 64 workers on PostgreSQL without an error).",
+    ),
+    "efficiency": (
+        "efficiency.py", [], ["--quick"],
+        "HPO efficiency on the real Fashion-MNIST: best validation accuracy and the compute each "
+        "search needs to reach random search's best (target: TPE+ASHA at most 1/3 of random's).",
+    ),
+}  # fmt: skip
+JSON_FLAG = {"throughput": "--output"}
+
+
+def run(name: str, quick: bool, out: Path) -> tuple[int, float]:
+    script, full, quick_args, _ = BENCHMARKS[name]
+    command = [sys.executable, str(REPO / "bench" / script), *(quick_args if quick else full),
+               JSON_FLAG.get(name, "--json"), str(out / f"{name}.json")]  # fmt: skip
+    print(f"== {name}: {' '.join(command[1:])}", flush=True)
+    started = time.monotonic()
+    with (out / f"{name}.txt").open("w") as log:
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:  # shown as it comes and kept for the doc
+            sys.stdout.write(line)
+            log.write(line)
+        proc.wait()
+    return proc.returncode, time.monotonic() - started
+
+
+def machine() -> str:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{os.cpu_count()} cores ({cpu}), {memory_gib:.0f} GiB, {gpu}; {platform.platform()}; "
+            f"Python {platform.python_version()}, torch {torch.__version__}")  # fmt: skip
+
+
+def write_doc(names: list[str], quick: bool, out: Path, timings: dict[str, float], doc: Path) -> None:
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Produced by `python -m bench all{' --quick' if quick else ''}` on {stamp}, on: {machine()}.",
+        "Each benchmark runs all its sides in the same invocation; the figures below are its own",
+        "printed output (JSON next to it in `bench/results/`). Reproduce with `make bench`.",
+        "",
+    ]
+    for name in names:
+        text = (out / f"{name}.txt").read_text() if (out / f"{name}.txt").exists() else "(not run)\n"
+        lines += [f"## {name}", "", BENCHMARKS[name][3], "", f"Ran {timings.get(name, 0) / 60:.1f} min.", "",
+                  "```", text.rstrip(), "```", ""]  # fmt: skip
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("which", nargs="+", choices=["all", *BENCHMARKS], help="all, or some of them")
+    parser.add_argument("--quick", action="store_true", help="the short variant of each")
+    parser.add_argument("--out", type=Path, default=REPO / "bench/results", help="where outputs go")
+    parser.add_argument("--doc", type=Path, default=REPO / "docs/benchmarks.md", help="the doc to rewrite")
+    args = parser.parse_args(argv)
+    names = list(BENCHMARKS) if "all" in args.which else [n for n in BENCHMARKS if n in args.which]
+    args.out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    failed = []
+    for name in names:
+        code, seconds = run(name, args.quick, args.out)
+        timings[name] = seconds
+        if code != 0:
+            failed.append(name)
+    write_doc(names, args.quick, args.out, timings, args.doc)
+    total = sum(timings.values())
+    print(f"\n{len(names)} benchmarks in {total / 60:.1f} min; {args.doc} rewritten"
+          + (f"; FAILED: {', '.join(failed)}" if failed else ""))  # fmt: skip
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
