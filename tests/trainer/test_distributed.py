@@ -101,6 +101,11 @@ def _srun_like_rank(
         )
     except Exception as err:
         results.put((job_id, rank, type(err).__name__, str(err), []))
+    # The result is out (the queue flushed): exit without the interpreter's teardown, where gloo's
+    # worker threads, still holding tensors, occasionally abort the process (pytorch#179291).
+    results.close()
+    results.join_thread()
+    os._exit(0)
 
 
 def _run_ranks(
