@@ -196,7 +196,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.open:
             return tunnel.open_tunnel(spec, study)
         with_ray = spec.study.backend == "ray" or bool(study.user_attrs.get(study_lib.STUDY_ATTR_RAY_JOB))
-        lines = tunnel.tunnel_commands(spec, study, storage, with_ray=with_ray)
+        lines = tunnel.tunnel_commands(spec, study, with_ray=with_ray)
     elif args.command == "status":
         lines = views.status_lines(spec, study)
     elif args.command == "best":

@@ -277,7 +277,7 @@ def _html_page(
                 body = figure.to_html(full_html=False, include_plotlyjs=not plotly_included)
                 plotly_included = True
             sections.append(f"<h2 id='{name}'>{_TITLES[name]}</h2>\n{body}")
-    status = "\n".join(views.status_lines(spec, study))
+    status = "\n".join(views.status_lines(spec, study, cost))
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Study {html.escape(spec.study.name)}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}pre{{background:#f4f4f4;padding:1em;overflow-x:auto}}.note{{color:#777}}</style>

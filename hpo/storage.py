@@ -46,11 +46,6 @@ class StorageRef:
     def __str__(self) -> str:
         return f"{JOURNAL_PREFIX}{self.target}" if self.kind == "journal" else self.target
 
-    @property
-    def dashboard_argument(self) -> str:
-        """What ``optuna-dashboard`` takes as its storage argument."""
-        return self.target
-
 
 def resolve_storage(spec: StudySpec, url: str | None, source: str) -> StorageRef:
     """Turn the study's storage setting (or ``--storage``) into a :class:`StorageRef`.

@@ -44,14 +44,15 @@ def open_study(spec: StudySpec, ref: StorageRef) -> optuna.Study:
     return study
 
 
-def status_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
+def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCost | None = None) -> list[str]:
+    """The status table; ``cost`` when the caller already has it (one sacct call, not two)."""
     trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(study_lib.ATTR_SURPLUS)]
     counts = Counter(t.state.name for t in trials)
     lines = [
         f"study {spec.study.name}: {len(trials)} of {spec.study.n_trials} trials; "
         + ", ".join(f"{counts[s]} {s}" for s in sorted(counts)),
     ]
-    cost = accounting.study_cost(spec, trials)
+    cost = cost or accounting.study_cost(spec, trials)
     unit = "GPU-h" if cost.unit == "GPU-hours" else "CPU-h"
     header = ("#", "state", "epoch", spec.study.metric, "job", "elapsed", unit, "params / reason")
     rows: list[tuple[str, ...]] = [header]

@@ -20,7 +20,6 @@ from hpo.study import STUDY_ATTR_RAY_JOB
 if TYPE_CHECKING:
     import optuna
 
-    from hpo.storage import StorageRef
     from hpo.studyfile import StudySpec
 
 RAY_LOCAL_PORT = 8265
@@ -47,7 +46,7 @@ def ray_head(spec: StudySpec, study: optuna.Study) -> dict[str, object]:
     return data
 
 
-def tunnel_commands(spec: StudySpec, study: optuna.Study, storage: StorageRef, with_ray: bool) -> list[str]:
+def tunnel_commands(spec: StudySpec, study: optuna.Study, with_ray: bool) -> list[str]:
     login = login_host()
     lines = []
     if with_ray:
