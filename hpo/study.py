@@ -32,6 +32,8 @@ ATTR_STARTED_AT = "started_at"
 ATTR_FINISHED_AT = "finished_at"
 ATTR_EPOCHS = "epochs_completed"
 ATTR_IMAGES_PER_S = "images_per_s"
+# Accuracy on the held-out test images (trainer.test_held_out), for the completed trials.
+ATTR_TEST_ACCURACY = "test_accuracy"
 ATTR_SURPLUS = "surplus"
 ATTR_JOB_KIND = "job_kind"
 """slurm or local: where a --workers worker (executor "worker") runs."""

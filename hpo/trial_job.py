@@ -86,6 +86,11 @@ class TrainerObjective:
                 ),
                 study_lib.ATTR_IMAGES_PER_S: result.train_images_per_s,
                 **(
+                    {study_lib.ATTR_TEST_ACCURACY: last.test_accuracy}
+                    if last is not None and last.test_accuracy is not None
+                    else {}
+                ),
+                **(
                     {study_lib.ATTR_RESUMED_FROM: result.resumed_from_epoch}
                     if result.resumed_from_epoch
                     else {}

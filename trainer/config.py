@@ -51,6 +51,7 @@ RUNTIME_ONLY_FIELDS = frozenset(
         "cudnn_benchmark",
         "val_batch_size",
         "resume_may_change",
+        "test_held_out",
     }
 )
 # What a resumed run may take up with a new value (Population Based Training hands a run another
@@ -91,6 +92,11 @@ class TrainConfig:
     )
     max_steps_per_epoch: int | None = _field(None, "Cap on optimizer steps per epoch (default: no cap).")
     val_fraction: float = _field(1.0, "Fraction of the validation set evaluated each epoch; in (0, 1].")
+    test_held_out: bool = _field(
+        False,
+        "After the last epoch, also evaluate on the validation-split images that val_fraction leaves "
+        "out: a test set that no epoch's score (and so no search) has seen; needs val_fraction < 1.",
+    )
 
     # --- optimization ---------------------------------------------------------------------------
     batch_size: int = _field(128, "Batch size per process (per GPU).")
@@ -170,6 +176,10 @@ class TrainConfig:
         for name in ("train_fraction", "val_fraction"):
             if not 0 < getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+        if self.test_held_out and self.val_fraction >= 1:
+            raise ConfigError(
+                "test_held_out needs val_fraction < 1: the test images are those val_fraction leaves out"
+            )
         for name in self.resume_changes:
             if name not in RESUMABLE_CHANGES:
                 raise ConfigError(

@@ -385,3 +385,17 @@ def build_loaders(
         bundle.val, batch_size=config.val_batch_size or 2 * config.batch_size, sampler=val_sampler, **common
     )
     return train_loader, train_sampler, val_loader
+
+
+def build_held_out_loader(
+    config: TrainConfig, bundle: DataBundle, rank: int, world_size: int, use_cuda: bool
+) -> DataLoader[Any]:
+    """The validation split's images that ``val_fraction`` leaves out: a test set no epoch scored."""
+    scored = set(fixed_subset(bundle.val_size, config.val_fraction, config.seed))
+    rest = [index for index in range(bundle.val_size) if index not in scored]
+    return DataLoader(
+        bundle.val,
+        batch_size=config.val_batch_size or 2 * config.batch_size,
+        sampler=ShardSampler(rest, rank, world_size),
+        pin_memory=config.pin_memory and use_cuda,
+    )

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer import checkpoint, distributed
 from trainer.config import TrainConfig
-from trainer.data import build_datasets, build_loaders
+from trainer.data import build_datasets, build_held_out_loader, build_loaders
 from trainer.errors import ConfigError, StopRequested, TrialOutOfMemory
 from trainer.models import build_model
 from trainer.reporting import Decision, EpochMetrics, Reporter, TimeBreakdown, TrainResult
@@ -97,6 +97,11 @@ class _Run:
         self.normalize = bundle.normalize.to(device)
         self.train_loader, self.sampler, self.val_loader = build_loaders(
             config, bundle, env.rank, env.world_size, device.type == "cuda"
+        )
+        self.test_loader = (
+            build_held_out_loader(config, bundle, env.rank, env.world_size, device.type == "cuda")
+            if config.test_held_out
+            else None
         )
         self.steps_per_epoch = len(self.train_loader)
         if config.max_steps_per_epoch is not None:
@@ -259,7 +264,8 @@ class _Run:
         self.model.train()
         self.sampler.set_epoch(epoch)
         # Sums stay on the device: reading them every step would synchronize the GPU every step.
-        sums = torch.zeros(6, dtype=torch.float64, device=self.device)
+        # train (loss, correct, seen), validation (the same), held-out test (the same)
+        sums = torch.zeros(9, dtype=torch.float64, device=self.device)
         began = time.perf_counter()
         self.timer.start()
         batches = iter(self.train_loader)
@@ -299,11 +305,18 @@ class _Run:
         self.timer.collect()
 
         began_val = time.perf_counter()
-        self._validate(sums)
+        self._validate(self.val_loader, sums[3:6])
+        # The held-out test set, once, in the last epoch: its figures ride with that epoch's report.
+        tested = self.test_loader is not None and epoch + 1 == config.epochs
+        if tested:
+            assert self.test_loader is not None
+            self._validate(self.test_loader, sums[6:9])
         self.timer.totals["validation"] += time.perf_counter() - began_val
 
         distributed.all_reduce_sum(sums)
-        train_loss, train_correct, train_seen, val_loss, val_correct, val_seen = sums.tolist()
+        totals = sums.tolist()
+        train_loss, train_correct, train_seen, val_loss, val_correct, val_seen = totals[:6]
+        test_loss, test_correct, test_seen = totals[6:]
         metrics = EpochMetrics(
             epoch=epoch + 1,
             step=(epoch + 1) * self.steps_per_epoch,
@@ -315,6 +328,8 @@ class _Run:
             images_per_s=train_seen / train_time,
             train_time_s=train_time,
             epoch_time_s=time.perf_counter() - began,
+            test_loss=test_loss / test_seen if tested and test_seen else None,
+            test_accuracy=test_correct / test_seen if tested and test_seen else None,
         )
         if env.is_main:
             log.info(
@@ -328,20 +343,28 @@ class _Run:
                 metrics.images_per_s,
                 metrics.epoch_time_s,
             )
+            if metrics.test_accuracy is not None:
+                log.info(
+                    "held-out test: loss %.4f acc %.4f on %d images",
+                    metrics.test_loss,
+                    metrics.test_accuracy,
+                    int(test_seen),
+                )
         return metrics
 
     @torch.no_grad()
-    def _validate(self, sums: torch.Tensor) -> None:
+    def _validate(self, loader: Any, sums: torch.Tensor) -> None:
+        """Adds the summed loss, the correct predictions and the images seen to ``sums[0:3]``."""
         # The unwrapped model: DDP's forward joins collectives, and a rank whose share of a small
         # validation set is empty would skip them and leave the others waiting.
         self.raw_model.eval()
-        for images, labels in self.val_loader:
+        for images, labels in loader:
             with self._oom_as_trial_error(), self._autocast():
                 images, labels = self._to_device(images, labels)
                 logits = self.raw_model(images)
-                sums[3] += self.val_criterion(logits.float(), labels)
-            sums[4] += (logits.argmax(1) == labels).sum()
-            sums[5] += labels.size(0)
+                sums[0] += self.val_criterion(logits.float(), labels)
+            sums[1] += (logits.argmax(1) == labels).sum()
+            sums[2] += labels.size(0)
 
     def _report(self, metrics: EpochMetrics) -> int:
         """Ask the reporter on rank 0; every rank gets its answer (no rank may be left waiting).

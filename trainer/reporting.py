@@ -36,6 +36,9 @@ class EpochMetrics:
     """Seconds of the training phase of the epoch (the span ``images_per_s`` is measured over)."""
     epoch_time_s: float
     """Seconds of the whole epoch: training and validation."""
+    test_loss: float | None = None
+    test_accuracy: float | None = None
+    """On the held-out test images, after the last epoch only and with ``test_held_out`` only."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -174,6 +174,8 @@ def _searcher(spec: StudySpec, storage: Any, epochs: int, job_id: str) -> Any:
                 attrs[study_lib.ATTR_NODES] = result.get("node", "")
                 attrs[study_lib.ATTR_ELAPSED_S] = round(float(result.get("time_total_s", 0.0)), 3)
                 attrs[study_lib.ATTR_IMAGES_PER_S] = result.get("images_per_s")
+                if result.get("test_accuracy") is not None:
+                    attrs[study_lib.ATTR_TEST_ACCURACY] = result["test_accuracy"]
             if error:
                 attrs[study_lib.ATTR_FAIL_REASON] = (
                     "the Tune trial raised an error (see its log under ray_results)"

@@ -209,6 +209,8 @@ class PopulationRecorder:
             study_lib.ATTR_IMAGES_PER_S: result.get("images_per_s"),
             ATTR_FINAL_PARAMS: self.params[index],
         }
+        if result.get("test_accuracy") is not None:
+            attrs[study_lib.ATTR_TEST_ACCURACY] = result["test_accuracy"]
         if error:
             attrs[study_lib.ATTR_FAIL_REASON] = (
                 "the Tune trial raised an error (see its log under ray_results)"

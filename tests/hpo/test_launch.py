@@ -58,7 +58,7 @@ def best_line(stdout: str) -> str:
 
 
 def test_local_executor_runs_a_study_with_pruning(tmp_path: Path, fashion_mnist_root: str) -> None:
-    document = study_document("local-study", tmp_path / "work")
+    document = study_document("local-study", tmp_path / "work", trainer={"test_held_out": True})
     study_file = write_study(tmp_path / "study.yaml", document)
     proc = run_hpo("launch", str(study_file))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -68,6 +68,10 @@ def test_local_executor_runs_a_study_with_pruning(tmp_path: Path, fashion_mnist_
     assert best_line(proc.stdout).startswith(f"best trial {best.number}: value={best.value:.4f}")
     # The trials were local processes: their "job id" is the local controller's pid, no Slurm.
     assert all(t.user_attrs["executor"] == "local" for t in trials)
+    # Completed trials carry their accuracy on the held-out test images; pruned ones never got there.
+    for trial in trials:
+        assert ("test_accuracy" in trial.user_attrs) == (trial.state.name == "COMPLETE"), trial.user_attrs
+    assert 0.5 < best.user_attrs["test_accuracy"] <= 1.0
 
     status = run_hpo("status", str(study_file))
     assert status.returncode == 0, status.stderr

@@ -33,6 +33,7 @@ def test_local_ray_backend_runs_a_study_with_asha_into_the_optuna_storage(
         "ray-study",
         tmp_path / "work",
         study={"backend": "ray", "n_trials": 6, "enqueue": [GOOD, {**GOOD, "lr": 0.2}, BAD]},
+        trainer={"test_held_out": True},
     )
     study_file = write_study(tmp_path / "study.yaml", document)
     proc = run_hpo("launch", str(study_file))
@@ -48,6 +49,7 @@ def test_local_ray_backend_runs_a_study_with_asha_into_the_optuna_storage(
         assert trial.user_attrs["executor"] == "ray"
         assert trial.user_attrs["epochs_completed"] == len(epochs)
         assert len(epochs) == 3 if trial.state.name == "COMPLETE" else len(epochs) < 3
+        assert ("test_accuracy" in trial.user_attrs) == (trial.state.name == "COMPLETE"), trial.user_attrs
     status = run_hpo("status", str(study_file))
     assert status.returncode == 0, status.stderr
     assert status.stdout.startswith("study ray-study: 6 of 6 trials;")

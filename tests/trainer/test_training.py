@@ -12,7 +12,7 @@ from PIL import Image
 from tests.conftest import tiny_config
 from trainer import ConfigError, Decision, EpochMetrics, TrainConfig, TrialOutOfMemory, train
 from trainer.config import CIFAR_MODELS, TORCHVISION_MODELS
-from trainer.data import read_idx
+from trainer.data import build_datasets, build_held_out_loader, build_loaders, read_idx
 from trainer.loop import oom_as_trial_error
 from trainer.models import build_model
 from trainer.sources import find_fashion_mnist_file
@@ -29,7 +29,9 @@ class Recorder:
 
 def test_a_few_hundred_steps_on_fashion_mnist_learn(fashion_mnist_root: str) -> None:
     recorder = Recorder()
-    config = tiny_config(epochs=3, max_steps_per_epoch=100, train_fraction=0.2, val_fraction=0.2)
+    config = tiny_config(
+        epochs=3, max_steps_per_epoch=100, train_fraction=0.2, val_fraction=0.2, test_held_out=True
+    )
     result = train(config, recorder)
     assert result.steps == 300
     assert [m.epoch for m in recorder.seen] == [1, 2, 3]
@@ -43,6 +45,22 @@ def test_a_few_hundred_steps_on_fashion_mnist_learn(fashion_mnist_root: str) -> 
     assert result.time.forward > 0 and result.time.backward > 0 and result.time.validation > 0
     assert result.peak_memory_bytes > 0
     assert recorder.seen[-1].lr < config.lr / config.div_factor, "OneCycle ends far below its start"
+    # The held-out test images are scored once, with the last epoch, near its validation score.
+    assert [m.test_accuracy is None for m in recorder.seen] == [True, True, False]
+    test_accuracy = recorder.seen[-1].test_accuracy
+    assert test_accuracy is not None and abs(test_accuracy - result.last_val_accuracy) < 0.05
+
+
+def test_held_out_test_images_are_the_validation_images_never_scored(fashion_mnist_root: str) -> None:
+    config = tiny_config(val_fraction=0.3, test_held_out=True)
+    bundle = build_datasets(config)
+    _, _, val_loader = build_loaders(config, bundle, 0, 1, use_cuda=False)
+    scored = list(val_loader.sampler)
+    held_out = list(build_held_out_loader(config, bundle, 0, 1, use_cuda=False).sampler)
+    assert len(scored) == 3000 and len(held_out) == 7000
+    assert not set(scored) & set(held_out)
+    with pytest.raises(ConfigError, match="test_held_out needs val_fraction < 1"):
+        tiny_config(val_fraction=1.0, test_held_out=True)
 
 
 def _write_image_folder(root: Path, fashion_mnist_root: str, per_class: int) -> None:

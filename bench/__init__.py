@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench all`` (see __main__)."""

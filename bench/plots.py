@@ -1,0 +1,81 @@
+"""One figure per benchmark, drawn from its JSON: ``draw(name, json_path, png_path)``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no screen on a cluster's login node
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+
+
+def _throughput(data: dict[str, Any], ax: Axes) -> None:
+    runs = list(data["median"])
+    ax.bar(runs, [data["median"][r] for r in runs], color=["C0", "C1", "C2"][: len(runs)])
+    for name, repeats in data["repeats"].items():  # each paired repeat, over the median's bar
+        ax.plot([runs.index(name)] * len(repeats), repeats, "k.", alpha=0.6)
+    ax.set_ylabel("images/s (median of paired repeats; dots: each repeat)")
+    ax.set_title("Training throughput on CPU")
+
+
+def _dispatch(data: dict[str, Any], ax: Axes) -> None:
+    modes = [r["mode"] for r in data["results"]]
+    ax.bar(modes, [r["makespan_s"] for r in data["results"]], color="C0")
+    ideal = data["results"][0]["ideal_s"]
+    ax.axhline(ideal, color="k", linestyle="--", label=f"ideal N*t/K = {ideal:.0f} s")
+    ax.axhline(1.15 * ideal, color="C3", linestyle=":", label="target 1.15 x ideal")
+    for i, r in enumerate(data["results"]):
+        ax.annotate(f"{r['ratio']:.2f}x", (i, r["makespan_s"]), ha="center", va="bottom")
+    ax.set_ylabel("makespan (s)")
+    ax.set_title(f"Dispatch: N={data['n']} trials of {data['t']:.0f} s at K={data['k']}")
+    ax.legend()
+
+
+def _storage(data: list[dict[str, Any]], ax: Axes) -> None:
+    for i, storage in enumerate(dict.fromkeys(cell["storage"] for cell in data)):
+        cells = sorted((c for c in data if c["storage"] == storage), key=lambda c: c["workers"])
+        workers = [c["workers"] for c in cells]
+        label = "journal (the embedded default)" if storage == "journal" else storage
+        ax.plot(workers, [c["trials_per_s"] for c in cells], "o-", color=f"C{i}", label=label)
+        for c in cells:
+            if c["errors"]:
+                ax.annotate(f"{c['errors']} errors", (c["workers"], c["trials_per_s"]), color=f"C{i}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrent worker processes")
+    ax.set_ylabel("trials/s (ask, 3 reports, tell)")
+    ax.set_title("Storage scale")
+    ax.legend()
+
+
+def _efficiency(data: dict[str, Any], ax: Axes) -> None:
+    for i, r in enumerate(data["results"]):
+        points = r["progress"]
+        ax.step([p[0] for p in points], [p[1] for p in points], where="post", color=f"C{i}",
+                label=f"{r['search']} (best {r['best_val_accuracy']:.4f})")  # fmt: skip
+    ax.axhline(data["target"], color="k", linestyle="--", label="random search's best")
+    ax.set_xlabel("CPU-hours spent (all trials, running ones included)")
+    ax.set_ylabel("best validation accuracy so far")
+    ax.set_title(f"HPO efficiency on Fashion-MNIST (N={data['n']})")
+    ax.legend(loc="lower right")
+
+
+DRAWERS: dict[str, Callable[[Any, Axes], None]] = {
+    "throughput": _throughput,
+    "dispatch": _dispatch,
+    "storage": _storage,
+    "efficiency": _efficiency,
+}
+
+
+def draw(name: str, json_path: Path, png_path: Path) -> None:
+    figure, ax = plt.subplots(figsize=(7, 4.5))
+    DRAWERS[name](json.loads(json_path.read_text()), ax)
+    figure.tight_layout()
+    figure.savefig(png_path, dpi=100)
+    plt.close(figure)
