@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 # name: (script, its full-run arguments, its quick arguments, what the table shows)
 BENCHMARKS: dict[str, tuple[str, list[str], list[str], str]] = {
     "throughput": (
-        "throughput.py", ["--repeats", "3"], ["--repeats", "3", "--steps", "40"],
+        "throughput.py", ["--repeats", "3"], ["--repeats", "3", "--steps", "25"],
         "Training throughput on CPU: the trainer against the naive reference configuration and a "
         "bare loop, images/s, medians of paired repeats.",
     ),

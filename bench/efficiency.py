@@ -115,8 +115,10 @@ def run_search(search: str, n: int, folder: Path, quick: bool) -> dict[str, Any]
         "trial_epochs": sum(len(t.intermediate_values) for t in trials),
         "cpu_hours": round(sum(end - start for start, end in spans) / 3600, 4),
         "wall_s": round(wall, 1),
-        # When each completed trial ended and what it reached: for the time-to-target figures.
-        "curve": sorted((end, t.value) for t, (_, end) in zip(trials, spans, strict=True) if t.value is not None),
+        # When each completed trial ended and what it reached: for the time-to-target figures. A
+        # pruned trial's value is its accuracy part-way through its schedule: it does not count.
+        "curve": sorted((end, t.value) for t, (_, end) in zip(trials, spans, strict=True)
+                        if t.state.name == "COMPLETE" and t.value is not None),
         "spans": spans,
         "best_at": best_at,
     }  # fmt: skip

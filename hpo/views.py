@@ -133,7 +133,12 @@ def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
         lines.append(f"of the front, the best {spec.study.metric}:")
     lines += [
         f"best trial {best.number}: {spec.study.metric}={best.values[0]:.4f} "
-        f"(job {best.user_attrs.get(study_lib.ATTR_JOB_ID, '-')})",
+        + (
+            f"held-out test_accuracy={best.user_attrs[study_lib.ATTR_TEST_ACCURACY]:.4f} "
+            if study_lib.ATTR_TEST_ACCURACY in best.user_attrs
+            else ""
+        )
+        + f"(job {best.user_attrs.get(study_lib.ATTR_JOB_ID, '-')})",
         "params: " + study_lib.format_params(best.params),
     ]
     for change in best.user_attrs.get(ATTR_SCHEDULE, []):
