@@ -300,7 +300,9 @@ def test_a_postgresql_restart_mid_study_loses_no_trial(
     document = study_document(
         "outage-study", tmp_path / "work", study={"n_trials": 4, "enqueue": [], "pruner": {"name": "none"}}
     )
-    document["trainer"].update(epochs=3, max_steps_per_epoch=40)
+    # Epochs long enough that both first trials are surely seen running with an epoch reported
+    # (at 40 steps the whole study once ended between two polls) and still run through the outage.
+    document["trainer"].update(epochs=3, max_steps_per_epoch=120)
     study_file = write_study(tmp_path / "study.yaml", document)
     launcher = launch_in_background(study_file, fresh_database, "--executor", "slurm")
     wait_for_trials(  # both trials in flight have reported an epoch: the outage hits them mid-run
