@@ -19,6 +19,9 @@ its accuracy on the held-out test images is set against the published benchmark 
 
     python bench/efficiency.py            # N=8, retrain 8 epochs: about 30 minutes on 2 cores
     python bench/efficiency.py --quick    # N=3 on 8% of the training set: about 5 minutes
+    # Longer trials (more rungs for ASHA: epochs 1, 3 and 9) on less data, another seed, no retrain:
+    python bench/efficiency.py --searches random tpe+asha --epochs 9 --train-fraction 0.1 \
+        --seed 1 --retrain-epochs 0
 """
 
 from __future__ import annotations
@@ -51,17 +54,19 @@ SEARCHES = {
 }
 
 
-def study_document(name: str, workdir: Path, search: str, n_trials: int, quick: bool) -> dict[str, Any]:
+def study_document(
+    name: str, workdir: Path, search: str, n_trials: int, trainer: dict[str, Any], seed: int
+) -> dict[str, Any]:
+    """The quickstart study for one search; ``trainer`` overrides its trainer settings."""
     document: dict[str, Any] = yaml.safe_load((REPO / "studies/quickstart.yaml").read_text())
-    if quick:
-        document["trainer"]["train_fraction"] = 0.08
+    document["trainer"].update(trainer)
     # The validation images the search never scores (val_fraction 0.5 leaves 5,000 of the 10,000
     # out) give each completed trial an unbiased test accuracy.
     document["trainer"]["test_held_out"] = True
     sampler, pruner, backend, _ = SEARCHES[search]
     study = document["study"]
     study.update(name=name, workdir=str(workdir), backend=backend, n_trials=n_trials, timeout=None)
-    study["sampler"] = {"name": sampler, "seed": 0} | (
+    study["sampler"] = {"name": sampler, "seed": seed} | (
         {"options": {"n_startup_trials": 4}} if sampler == "tpe" else {}
     )
     study["pruner"] = (
@@ -73,14 +78,14 @@ def study_document(name: str, workdir: Path, search: str, n_trials: int, quick: 
     return document
 
 
-def run_search(search: str, n: int, folder: Path, quick: bool) -> dict[str, Any]:
+def run_search(search: str, n: int, folder: Path, trainer: dict[str, Any], seed: int) -> dict[str, Any]:
     import optuna
     from optuna.storages.journal import JournalFileBackend
 
     name = f"efficiency-{search.replace('+', '-')}"
     n_trials = n * SEARCHES[search][3]
     path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(study_document(name, folder / name, search, n_trials, quick)))
+    path.write_text(yaml.safe_dump(study_document(name, folder / name, search, n_trials, trainer, seed)))
     started = time.monotonic()
     proc = subprocess.run(
         [HPO, "launch", str(path)],
@@ -188,20 +193,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=8, help="N, the unpruned searches' trial count")
     parser.add_argument("--quick", action="store_true", help="N=3, on 8%% of the training set")
     parser.add_argument("--searches", nargs="+", choices=list(SEARCHES), default=list(SEARCHES))
+    parser.add_argument("--epochs", type=int, help="each trial's epochs (default: the quickstart's 3)")
+    parser.add_argument(
+        "--train-fraction",
+        type=float,
+        help="each trial's share of the training set (default: the quickstart's 0.25)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the samplers' seed")
     parser.add_argument("--retrain-epochs", type=int, default=8,
-                        help="epochs of the best configuration's retrain on the full training set")  # fmt: skip
+                        help="epochs of the best configuration's retrain on the full training set "
+                             "(0: no retrain)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
     n = 3 if args.quick else args.trials
     # Quick: one epoch on the quick search's 8% of the training set, only to show that the step runs.
     retrain_epochs, retrain_fraction = (1, 0.08) if args.quick else (args.retrain_epochs, 1.0)
+    trainer: dict[str, Any] = {"train_fraction": 0.08} if args.quick else {}
+    if args.epochs is not None:
+        trainer["epochs"] = args.epochs
+    if args.train_fraction is not None:
+        trainer["train_fraction"] = args.train_fraction
     print(
         f"efficiency benchmark: N={n} ({', '.join(args.searches)}), quickstart trainer and space", flush=True
     )
     results = []
     with tempfile.TemporaryDirectory(prefix="hpo-bench-efficiency-") as tmp:
         for search in args.searches:
-            result = run_search(search, n, Path(tmp), args.quick)
+            result = run_search(search, n, Path(tmp), trainer, args.seed)
             results.append(result)
             print(f"  {search:<9} best {result['best_val_accuracy']:.4f} (test {result['best_test_accuracy']:.4f}) "
                   f"in {result['trials']} trials "
@@ -224,23 +242,22 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['trial_epochs']:>7}{r['cpu_hours']:>8.3f}{shown:>17}{ratio:>10}")  # fmt: skip
     print("(test: the best trial's accuracy on the 5,000 test images that validation never scored)")
 
+    retrained = None
     winner = max(results, key=lambda r: r["best_val_accuracy"])
-    search = study_document("", Path(), "random", n, args.quick)["trainer"]
-    print(f"\nretrain: {winner['search']}'s best configuration, {retrain_epochs} epochs on "
-          f"{retrain_fraction:.0%} of the training set (the search: {search['epochs']} epochs on "
-          f"{search['train_fraction']:.0%})", flush=True)  # fmt: skip
-    retrained = retrain(winner["best_params"], retrain_epochs, retrain_fraction)
-    print(f"  {', '.join(f'{k}={v:.4g}' for k, v in retrained['params'].items())}")
-    print(f"  held-out test accuracy {retrained['test_accuracy']:.4f} (validation {retrained['val_accuracy']:.4f}), "
-          f"{retrained['wall_s']:.0f} s, {retrained['cpu_hours']:.3f} CPU-h")  # fmt: skip
-    print(f"  published reference (Fashion-MNIST benchmark table): ResNet-18 with augmentation, {PUBLISHED:.3f} "
-          f"test accuracy; gap {PUBLISHED - retrained['test_accuracy']:+.4f}")  # fmt: skip
+    search = study_document("", Path(), "random", n, trainer, args.seed)["trainer"]
+    print(f"search trials: {search['epochs']} epochs on {search['train_fraction']:.0%} of the training "
+          f"set, sampler seed {args.seed}")  # fmt: skip
+    if retrain_epochs > 0:
+        retrained = retrain_best(winner, search, retrain_epochs, retrain_fraction)
     print(f"(measured {datetime.now().isoformat(timespec='minutes')})")
     if args.json:
         for r in results:
             r.pop("spans")
         document = {
             "n": n,
+            "seed": args.seed,
+            "trial_epochs": search["epochs"],
+            "train_fraction": search["train_fraction"],
             "target": target,
             "results": results,
             "retrain": retrained,
@@ -248,6 +265,22 @@ def main(argv: list[str] | None = None) -> int:
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     return 0
+
+
+def retrain_best(
+    winner: dict[str, Any], search: dict[str, Any], epochs: int, train_fraction: float
+) -> dict[str, Any]:
+    """Prints and returns the retrain of the search winner's best configuration."""
+    print(f"\nretrain: {winner['search']}'s best configuration, {epochs} epochs on "
+          f"{train_fraction:.0%} of the training set (the search: {search['epochs']} epochs on "
+          f"{search['train_fraction']:.0%})", flush=True)  # fmt: skip
+    retrained = retrain(winner["best_params"], epochs, train_fraction)
+    print(f"  {', '.join(f'{k}={v:.4g}' for k, v in retrained['params'].items())}")
+    print(f"  held-out test accuracy {retrained['test_accuracy']:.4f} (validation {retrained['val_accuracy']:.4f}), "
+          f"{retrained['wall_s']:.0f} s, {retrained['cpu_hours']:.3f} CPU-h")  # fmt: skip
+    print(f"  published reference (Fashion-MNIST benchmark table): ResNet-18 with augmentation, {PUBLISHED:.3f} "
+          f"test accuracy; gap {PUBLISHED - retrained['test_accuracy']:+.4f}")  # fmt: skip
+    return retrained
 
 
 if __name__ == "__main__":
