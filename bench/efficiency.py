@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"search trials: {search['epochs']} epochs on {search['train_fraction']:.0%} of the training "
           f"set, sampler seed {args.seed}")  # fmt: skip
     if retrain_epochs > 0:
-        retrained = retrain_best(winner, search, retrain_epochs, retrain_fraction)
+        retrained = retrain_best(winner, retrain_epochs, retrain_fraction)
     print(f"(measured {datetime.now().isoformat(timespec='minutes')})")
     if args.json:
         for r in results:
@@ -267,13 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def retrain_best(
-    winner: dict[str, Any], search: dict[str, Any], epochs: int, train_fraction: float
-) -> dict[str, Any]:
+def retrain_best(winner: dict[str, Any], epochs: int, train_fraction: float) -> dict[str, Any]:
     """Prints and returns the retrain of the search winner's best configuration."""
     print(f"\nretrain: {winner['search']}'s best configuration, {epochs} epochs on "
-          f"{train_fraction:.0%} of the training set (the search: {search['epochs']} epochs on "
-          f"{search['train_fraction']:.0%})", flush=True)  # fmt: skip
+          f"{train_fraction:.0%} of the training set", flush=True)  # fmt: skip
     retrained = retrain(winner["best_params"], epochs, train_fraction)
     print(f"  {', '.join(f'{k}={v:.4g}' for k, v in retrained['params'].items())}")
     print(f"  held-out test accuracy {retrained['test_accuracy']:.4f} (validation {retrained['val_accuracy']:.4f}), "
