@@ -36,11 +36,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hpo.launcher import LaunchOptions, launch  # noqa: E402
-from hpo.ray_backend.launch import launch as ray_launch  # noqa: E402
+from hpo.config import load_study  # noqa: E402
+from hpo.dispatch.launch import LaunchOptions, launch  # noqa: E402
+from hpo.dispatch.ray.launch import launch as ray_launch  # noqa: E402
 from hpo.storage import resolve_storage  # noqa: E402
-from hpo.studyfile import load_study  # noqa: E402
-from hpo.trial_job import FixedDurationObjective  # noqa: E402
+from hpo.trial.objective import FixedDurationObjective  # noqa: E402
 
 
 def study_file(folder: Path, name: str, n_trials: int, concurrency: int, ray: bool) -> Path:

@@ -155,7 +155,7 @@ def retrain(params: dict[str, Any], epochs: int, train_fraction: float) -> dict[
     """The best configuration trained once more on more data for longer; the held-out test score."""
     import torch
 
-    from hpo.studyfile import load_study
+    from hpo.config import load_study
 
     spec = load_study(REPO / "studies/quickstart.yaml")
     config = spec.trainer_config(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
-from hpo.errors import StudyFileError
+from hpo.errors import NotReadyError, StudyFileError, one_line
 from hpo.paths import private_dir
 
 T = TypeVar("T")
@@ -28,7 +28,7 @@ T = TypeVar("T")
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage
 
-    from hpo.studyfile import StudySpec
+    from hpo.config import StudySpec
 
 JOURNAL_PREFIX = "journal:"
 RDB_SCHEMES = ("postgresql", "postgres", "mysql", "sqlite")
@@ -164,9 +164,10 @@ def check_reachable(ref: StorageRef, source: str) -> BaseStorage:
     try:
         return _create_schema_with_retries(ref)
     except Exception as err:  # the drivers raise many types; all mean "cannot use this storage"
-        reason = str(getattr(err, "orig", None) or err).strip().splitlines()
-        first = reason[0] if reason else type(err).__name__
-        raise StudyFileError(f"{source}: study.storage: cannot open {mask(str(ref))}: {first}") from None
+        raise NotReadyError(
+            f"{source}: study.storage: cannot open {mask(str(ref))}: {one_line(getattr(err, 'orig', None) or err, name=False)}",
+            "start the database server, or name another with --storage URL",
+        ) from None
 
 
 OUTAGE_TOLERANCE_S = 600.0

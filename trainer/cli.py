@@ -33,8 +33,8 @@ ALIASES = {
 }
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """Bad flags end with one line and exit status 2, not argparse's usage block."""
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Bad flags end with one line and exit status 2, not argparse's usage block (``hpo`` uses it too)."""
 
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message}", file=sys.stderr)
@@ -50,7 +50,7 @@ def _optional(convert: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineErrorParser(
+    parser = OneLineErrorParser(
         prog="python -m trainer",
         description="Train a ResNet (AMP, channels_last, DDP under srun or torchrun) and print the result.",
     )

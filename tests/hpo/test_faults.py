@@ -340,13 +340,14 @@ def test_a_postgresql_restart_mid_study_loses_no_trial(
 
 _START_AT_ONCE = """
 import sys, time
-from hpo import storage as storage_lib, study as study_lib, studyfile
+from hpo import config as studyfile, record, search
+from hpo import storage as storage_lib
 spec = studyfile.load_study(sys.argv[1])
 ref = storage_lib.resolve_storage(spec, sys.argv[2], "--storage")
 while time.time() < float(sys.argv[3]):
     time.sleep(0.005)
-study = study_lib.load(spec, storage_lib.check_reachable(ref, spec.source), create=True)
-trial = study.ask(study_lib.distributions(spec))
+study = search.load(spec, storage_lib.check_reachable(ref, spec.source), create=True)
+trial = study.ask(search.distributions(spec))
 study.tell(trial, 0.5)
 print("ok", trial.number)
 """

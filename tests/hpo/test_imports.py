@@ -9,7 +9,8 @@ import sys
 def test_the_cli_and_the_ray_modules_load_without_torch() -> None:
     # `hpo status` and friends, and every Ray worker that unpickles the trainable, load these.
     modules = (
-        "hpo.cli, hpo.views, hpo.ray_backend.driver, hpo.ray_backend.cluster, hpo.ray_backend.population"
+        "hpo.cli, hpo.commands, hpo.record, hpo.observe.views, hpo.dispatch.ray.driver, "
+        "hpo.dispatch.ray.cluster, hpo.dispatch.ray.population, hpo.dispatch.ray.optuna_search"
     )
     proc = subprocess.run(
         [

@@ -1,4 +1,5 @@
-"""Launch-time problems that are the user's to fix: one line, exit status 2, nothing submitted."""
+"""Launch-time problems: one line and nothing submitted. Bad input (the user's to fix) exits 2; a
+machine or service that is not ready exits 3, with a hint."""
 
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ def test_an_unreachable_storage_server_is_reported_before_anything_is_submitted(
     study_file = write_study(tmp_path / "study.yaml", document)
     # Nothing listens on port 1: the connection is refused at once.
     proc = launch(study_file, "--storage", "postgresql://hpo@127.0.0.1:1/hpo")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == 3, proc.stdout + proc.stderr
     [line] = proc.stderr.splitlines()
+    assert "(hint: start the database server" in line
     assert line.startswith(
         f"hpo launch: error: {study_file}: study.storage: cannot open postgresql://hpo@127.0.0.1:1/hpo: "
     )
@@ -42,10 +44,10 @@ def test_slurm_executor_without_sbatch_names_the_local_executor(tmp_path: Path) 
     study_file = write_study(tmp_path / "study.yaml", document)
     # Only the virtual environment on PATH: no sbatch, as on a workstation without Slurm.
     proc = launch(study_file, env={"PATH": str(Path(sys.executable).parent)})
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == 3, proc.stdout + proc.stderr
     [line] = proc.stderr.splitlines()
     assert f"{study_file}: resources.executor: slurm, but there is no sbatch on this machine" in line
-    assert "executor: local" in line
+    assert "(hint: run on a Slurm login node, or use executor: local" in line
     assert not (tmp_path / "work").exists()
 
 
@@ -59,27 +61,38 @@ def test_a_job_larger_than_the_partition_is_rejected_with_the_numbers(
         )  # fmt: skip
         study_file = write_study(tmp_path / f"{backend}.yaml", document)
         proc = launch(study_file, "--storage", local_cluster)
-        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.returncode == 3, proc.stdout + proc.stderr
         [line] = proc.stderr.splitlines()
         assert f"{study_file}: resources: a job needs 2 nodes with 1 GPUs" in line
-        assert "has 2 nodes, 0 of them big enough (at most 0 GPUs and 2 CPUs per node)" in line
+        assert "has 2 nodes, 0 of them big enough (at most 0 GPUs and 2 CPUs per node) (hint: " in line
         assert not (tmp_path / backend / "jobs").exists()
 
 
 def test_ray_ddp_trials_that_cannot_run_are_refused_in_one_line(tmp_path: Path) -> None:
+    # (resources, study, problem, exit status): the machine's 2 cores are a fact, not a typo.
     cases = [
-        ({"tasks_per_node": 2, "gpus_per_node": 3}, {}, "2 Ray Train workers cannot share gpus_per_node=3"),
-        ({"tasks_per_node": 64, "cpus_per_task": 64}, {}, "64 workers x cpus_per_task=64 need 4096 CPUs"),
-        ({"tasks_per_node": 2}, {"pruner": {"name": "pbt", "options": {}}}, "PBT hands checkpoints between"),
+        (
+            {"tasks_per_node": 2, "gpus_per_node": 3},
+            {},
+            "2 Ray Train workers cannot share gpus_per_node=3",
+            2,
+        ),
+        ({"tasks_per_node": 64, "cpus_per_task": 64}, {}, "64 workers x cpus_per_task=64 need 4096 CPUs", 3),
+        (
+            {"tasks_per_node": 2},
+            {"pruner": {"name": "pbt", "options": {}}},
+            "PBT hands checkpoints between",
+            2,
+        ),
     ]
-    for index, (resources, study, problem) in enumerate(cases):
+    for index, (resources, study, problem, status) in enumerate(cases):
         document = study_document(
             f"ray-ddp-bad-{index}", tmp_path / f"work{index}", study={"backend": "ray", **study},
             resources=resources,
         )  # fmt: skip
         study_file = write_study(tmp_path / f"study{index}.yaml", document)
         proc = launch(study_file)
-        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.returncode == status, proc.stdout + proc.stderr
         [line] = proc.stderr.splitlines()
         assert line.startswith(f"hpo launch: error: {study_file}: resources.tasks_per_node: {problem}"), line
         assert not (tmp_path / f"work{index}").exists()

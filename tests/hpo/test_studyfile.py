@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 import yaml
 
+from hpo.config import load_study
+from hpo.config.schema import _KeyProblem, parse_duration_min
 from hpo.errors import StudyFileError
 from hpo.storage import StorageRef, has_password, mask, resolve_storage
-from hpo.studyfile import _KeyProblem, load_study, parse_duration_min
 from trainer.config import load_yaml_mapping
 
 REPO = Path(__file__).resolve().parents[2]

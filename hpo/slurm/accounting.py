@@ -19,13 +19,13 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from hpo import study as study_lib
+from hpo import record
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
     import optuna
 
-    from hpo.studyfile import StudySpec
+    from hpo.config import StudySpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +124,7 @@ def own_allocation(spec: StudySpec) -> tuple[int, int]:
 def trial_estimate(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> Usage:
     """The trial's own elapsed time times what one trial gets (shared or local jobs)."""
     res = spec.resources
-    seconds = trial.user_attrs.get(study_lib.ATTR_ELAPSED_S)
+    seconds = trial.user_attrs.get(record.ATTR_ELAPSED_S)
     if seconds is None and trial.duration is not None:
         seconds = trial.duration.total_seconds()
     ranks = res.tasks_per_node if spec.study.backend == "ray" else res.world_size
@@ -135,16 +135,16 @@ def trial_estimate(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> Usage:
 def study_cost(spec: StudySpec, trials: Sequence[optuna.trial.FrozenTrial]) -> StudyCost:
     # Per-trial Slurm jobs: their own job is their cost. (A worker's or Ray trial's job is shared.)
     own_job = {
-        t.number: str(t.user_attrs[study_lib.ATTR_JOB_ID])
+        t.number: str(t.user_attrs[record.ATTR_JOB_ID])
         for t in trials
-        if t.user_attrs.get(study_lib.ATTR_EXECUTOR) == "slurm" and study_lib.ATTR_JOB_ID in t.user_attrs
+        if t.user_attrs.get(record.ATTR_EXECUTOR) == "slurm" and record.ATTR_JOB_ID in t.user_attrs
     }
     starts = [t.datetime_start for t in trials if t.number in own_job and t.datetime_start is not None]
     measured = sacct_usage(own_job.values(), since=min(starts) - timedelta(days=1) if starts else None)
     study_gpus = spec.resources.gpus_per_node * spec.resources.nodes
     per_trial: dict[int, Usage] = {}
     for trial in trials:
-        if trial.state.name == "WAITING" or trial.user_attrs.get(study_lib.ATTR_SURPLUS):
+        if trial.state.name == "WAITING" or trial.user_attrs.get(record.ATTR_SURPLUS):
             continue
         job = own_job.get(trial.number, "")
         usage = measured[job] if job in measured else trial_estimate(spec, trial)

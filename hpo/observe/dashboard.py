@@ -13,14 +13,14 @@ import sys
 from typing import TYPE_CHECKING
 
 from hpo.errors import LaunchError, StudyFileError
-from hpo.ray_backend.tunnel import login_host
+from hpo.observe.tunnel import login_host
 from hpo.storage import open_storage
 
 if TYPE_CHECKING:
     import optuna
 
+    from hpo.config import StudySpec
     from hpo.storage import StorageRef
-    from hpo.studyfile import StudySpec
 
 DEFAULT_PORT = 8080
 

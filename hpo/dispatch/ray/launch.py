@@ -7,19 +7,20 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from hpo import executors
-from hpo import study as study_lib
-from hpo.errors import LaunchError
+from hpo import record, search
+from hpo.dispatch.common import open_study
+from hpo.dispatch.ray import driver
+from hpo.dispatch.ray.cluster import RayClusterTask, cpus_per_trial, slots_per_node
+from hpo.errors import LaunchError, one_line
 from hpo.paths import private_dir
-from hpo.ray_backend import driver
-from hpo.ray_backend.cluster import RayClusterTask, cpus_per_trial, slots_per_node
+from hpo.slurm import executors
 from hpo.storage import StorageRef, check_reachable, mask
-from hpo.trial_job import Objective
+from hpo.trial.objective import Objective
 
 if TYPE_CHECKING:
     import optuna
 
-    from hpo.studyfile import StudySpec
+    from hpo.config import StudySpec
 
 
 def launch(
@@ -29,21 +30,19 @@ def launch(
     private_dir(spec.workdir)  # logs, checkpoints, the cluster's token: the owner's only
     if executor == "local":
         driver.run(spec, storage, objective=objective, log=log)
-        return study_lib.load(spec, check_reachable(storage, spec.source), create=False)
-    study = study_lib.load(spec, check_reachable(storage, spec.source), create=True)
-    study_lib.check_direction(study, spec)
-    study_lib.name_objective(study, spec)
+        return search.load(spec, check_reachable(storage, spec.source), create=False)
+    study, _ = open_study(spec, storage, reseed=False)
     probe = executors.SlurmStates()
-    job_id = study.user_attrs.get(study_lib.STUDY_ATTR_RAY_JOB)
+    job_id = record.ray_job(study)
     job = executors.slurm_job(spec, str(job_id)) if job_id else None
     if job is not None and not probe.ended(job):
         log(f"the study's Ray job {job_id} is still running: following it")
     else:
-        counted = sum(1 for t in study_lib.counted_trials(study) if t.state.name != "WAITING")
+        counted = record.started_count(study)
         if counted >= spec.study.n_trials:
             return study
         job = _submit(spec, storage, objective, spec.study.n_trials - counted, log)
-        study.set_user_attr(study_lib.STUDY_ATTR_RAY_JOB, str(job.job_id))
+        record.set_ray_job(study, str(job.job_id))
     _follow(spec, study, job, probe, log)
     return study
 
@@ -68,7 +67,7 @@ def _submit(
     try:
         job = executor.submit(RayClusterTask(spec, storage, objective))
     except Exception as err:
-        raise LaunchError(f"Ray job submission failed: {str(err).strip().splitlines()[-1]}") from None
+        raise LaunchError(f"Ray job submission failed: {one_line(err, last=True, name=False)}") from None
     log(f"Ray job {job.job_id} submitted: {spec.resources.nodes} nodes, {slots} trials per node, "
         f"{time_min} min; storage {mask(str(storage))}")  # fmt: skip
     return job
@@ -82,7 +81,7 @@ def _follow(spec: StudySpec, study: optuna.Study, job: Any, probe: executors.Slu
         for trial in study.get_trials(deepcopy=False):
             if trial.state.is_finished() and trial.number not in seen:
                 seen.add(trial.number)
-                value = study_lib.metric_value(trial)
+                value = record.metric_value(trial)
                 shown = "-" if value is None else f"{value:.4f}"
                 log(f"trial {trial.number} {trial.state.name}: {spec.study.metric}={shown} "
                     f"after {len(trial.intermediate_values)} epochs")  # fmt: skip
@@ -95,7 +94,8 @@ def _follow(spec: StudySpec, study: optuna.Study, job: Any, probe: executors.Slu
         outcome, value = pickle_load(job.paths.result_pickle)
         if outcome == "success":
             return
-        lines = [line for line in str(value).strip().splitlines() if line.strip()]
-        raise LaunchError(f"Ray job {job.job_id} failed: {lines[-1].strip() if lines else outcome}")
+        raise LaunchError(
+            f"Ray job {job.job_id} failed: {one_line(value, last=True, name=False) if str(value).strip() else outcome}"
+        )
     detail = executors.error_line(spec, str(job.job_id), spec.resources.nodes)
     raise LaunchError(f"Ray job {job.job_id} ended {probe.state(job)}" + (f": {detail}" if detail else ""))

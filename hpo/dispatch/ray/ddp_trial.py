@@ -28,12 +28,13 @@ import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
-from hpo.errors import StudyFileError
-from hpo.trial_job import Objective, trial_dir
+from hpo.errors import NotReadyError, StudyFileError
+from hpo.paths import trial_dir
+from hpo.trial.objective import Objective
 from trainer.reporting import Decision, EpochMetrics
 
 if TYPE_CHECKING:
-    from hpo.studyfile import StudySpec
+    from hpo.config import StudySpec
 
 # What the Tune trial itself reserves. Tune refuses an empty request; memory is the one resource
 # that neither the workers ask for nor the allocation is sized by (CPUs and GPUs are exact).
@@ -61,13 +62,16 @@ def check_settings(spec: StudySpec) -> None:
         from ray.train.torch import TorchTrainer
         from ray.tune.integration.ray_train import TuneReportCallback  # noqa: F401
     except ImportError as err:
-        raise StudyFileError(f"{where}: DDP trials need Ray Train with its Tune integration: {err}") from None
+        raise NotReadyError(
+            f"{where}: DDP trials need Ray Train with its Tune integration: {err}",
+            "pip install 'ray[default,tune,train]'",
+        ) from None
     if not TorchTrainer.__module__.startswith("ray.train.v2"):
-        raise StudyFileError(f"{where}: DDP trials need Ray Train V2; unset RAY_TRAIN_V2_ENABLED")
+        raise NotReadyError(f"{where}: DDP trials need Ray Train V2", "unset RAY_TRAIN_V2_ENABLED")
     cpus = os.cpu_count() or 1
     if res.executor == "local" and workers * res.cpus_per_task > cpus:
         # The local Ray instance has this machine's cores: the workers could never all start.
-        raise StudyFileError(
+        raise NotReadyError(
             f"{where}: {workers} workers x cpus_per_task={res.cpus_per_task} need "
             f"{workers * res.cpus_per_task} CPUs; this machine has {cpus}"
         )

@@ -19,17 +19,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpo import study as study_lib
-from hpo.errors import StudyFileError
-from hpo.ray_backend import ddp_trial, population
-from hpo.storage import StorageRef, check_reachable
-from hpo.trial_job import Objective, TrainerObjective, checkpoint_dir, now_iso
+from hpo import record
+from hpo.dispatch.common import open_study
+from hpo.dispatch.ray import ddp_trial, optuna_search, population
+from hpo.paths import checkpoint_dir
+from hpo.storage import StorageRef
+from hpo.trial.objective import Objective, TrainerObjective
 from trainer.reporting import Decision, EpochMetrics
 
 if TYPE_CHECKING:
     import optuna
 
-    from hpo.studyfile import StudySpec
+    from hpo.config import StudySpec
 
 # Set where Ray's processes start (the local instance, `ray start` on each node): Tune's default 2 s
 # for a stopped trial's thread to end, before its actor is reused, is short for a trainer closing
@@ -37,29 +38,6 @@ if TYPE_CHECKING:
 ACTOR_ENV = {"TUNE_FUNCTION_THREAD_TIMEOUT_S": "20"}
 
 RAY_PRUNERS = ("successive_halving", "hyperband", "median", "none", "pbt")
-
-
-def check_ray_settings(spec: StudySpec) -> None:
-    """Reject, before anything starts, what the Ray backend cannot do."""
-    try:
-        import ray  # noqa: F401
-        from ray import tune  # noqa: F401
-    except ImportError:
-        raise StudyFileError(
-            "the Ray backend needs Ray Tune: pip install 'slurm-hpo[ray]' (ray[default,tune])"
-        ) from None
-    if spec.study.pruner.name not in RAY_PRUNERS:
-        raise StudyFileError(
-            f"{spec.source}: study.pruner.name: {spec.study.pruner.name!r} has no Ray Tune scheduler; "
-            f"the Ray backend takes {', '.join(RAY_PRUNERS)}"
-        )
-    if spec.study.pruner.name == "pbt":
-        population.build_scheduler(spec)
-    else:
-        # The options are Optuna's pruner's, so that one study file serves both backends.
-        study_lib.build_pruner(spec.study.pruner, spec.source)
-    if spec.resources.tasks_per_node > 1:  # each trial a DDP run of Ray Train workers
-        ddp_trial.check_settings(spec)
 
 
 def build_scheduler(spec: StudySpec, epochs: int) -> Any:
@@ -139,73 +117,6 @@ def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective, pb
     objective(spec, trial_key, config, TuneReporter())
 
 
-def _searcher(spec: StudySpec, storage: Any, epochs: int, job_id: str) -> Any:
-    import optuna
-    from ray.tune.search.optuna import OptunaSearch
-
-    class StudySearch(OptunaSearch):
-        """OptunaSearch records a trial that Tune's scheduler stopped early as COMPLETE; here it
-        is PRUNED, as with the Optuna backend, and carries the same attributes."""
-
-        def suggest(self, trial_id: str) -> dict[str, Any] | None:
-            config: dict[str, Any] | None = super().suggest(trial_id)
-            ot_trial = self._ot_trials.get(trial_id)
-            if ot_trial is not None:  # where it runs, visible while it runs (hpo status, hpo cancel)
-                ot_trial.set_user_attr(study_lib.ATTR_EXECUTOR, "ray")
-                ot_trial.set_user_attr(study_lib.ATTR_JOB_ID, job_id)
-                ot_trial.set_user_attr(study_lib.ATTR_STARTED_AT, now_iso())
-            return config
-
-        def on_trial_complete(
-            self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
-        ) -> None:
-            if trial_id in self._completed_trials or trial_id not in self._ot_trials:
-                return
-            ot_trial = self._ot_trials[trial_id]
-            value = None if not result else result.get(self.metric)
-            epochs_done = int(result.get("training_iteration", 0)) if result else 0
-            attrs: dict[str, Any] = {
-                study_lib.ATTR_EXECUTOR: "ray",
-                study_lib.ATTR_JOB_ID: job_id,
-                study_lib.ATTR_FINISHED_AT: now_iso(),
-                study_lib.ATTR_EPOCHS: epochs_done,
-            }
-            if result:
-                attrs[study_lib.ATTR_NODES] = result.get("node", "")
-                attrs[study_lib.ATTR_ELAPSED_S] = round(float(result.get("time_total_s", 0.0)), 3)
-                attrs[study_lib.ATTR_IMAGES_PER_S] = result.get("images_per_s")
-                if result.get("test_accuracy") is not None:
-                    attrs[study_lib.ATTR_TEST_ACCURACY] = result["test_accuracy"]
-            if error:
-                attrs[study_lib.ATTR_FAIL_REASON] = (
-                    "the Tune trial raised an error (see its log under ray_results)"
-                )
-            for key, item in attrs.items():
-                ot_trial.set_user_attr(key, item)
-            if value is not None and epochs_done:
-                # Tune hands the last epoch's result to on_trial_complete, not on_trial_result.
-                ot_trial.report(float(value), epochs_done)
-            study = self._ot_study
-            assert study is not None  # set up before the first trial is suggested
-            if error or value is None:
-                study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
-            elif epochs_done < epochs:
-                study.tell(ot_trial, state=optuna.trial.TrialState.PRUNED)
-            else:
-                study.tell(ot_trial, float(value))
-            self._completed_trials.add(trial_id)
-
-    sampler = study_lib.build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source)
-    return StudySearch(
-        space=study_lib.distributions(spec),
-        metric=spec.study.metric,
-        mode="max" if spec.study.direction == "maximize" else "min",
-        sampler=sampler,
-        study_name=spec.study.name,
-        storage=storage,
-    )
-
-
 def fail_leftovers(study: optuna.Study) -> int:
     """Trials RUNNING in the storage when a Ray-backed launch starts belong to a Ray job that has
     ended (time limit, preemption, crash): they are failed, and the budget goes on counting them."""
@@ -213,12 +124,9 @@ def fail_leftovers(study: optuna.Study) -> int:
 
     failed = 0
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if trial.user_attrs.get(study_lib.ATTR_EXECUTOR) not in (None, "ray"):
+        if trial.user_attrs.get(record.ATTR_EXECUTOR) not in (None, "ray"):
             continue
-        study._storage.set_trial_user_attr(
-            trial._trial_id, study_lib.ATTR_FAIL_REASON, "its Ray job ended first"
-        )
-        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        record.fail(study, trial, "its Ray job ended first")
         failed += 1
     return failed
 
@@ -237,15 +145,10 @@ def run(
     pbt = spec.study.pruner.name == "pbt"
     # Under PBT a member goes on from another's checkpoint with perturbed optimizer settings.
     objective = objective or TrainerObjective(",".join(population.mutations(spec)) if pbt else "")
-    backend = check_reachable(storage, spec.source)
-    study = study_lib.load(spec, backend, create=True)
-    study_lib.check_direction(study, spec)
-    study_lib.name_objective(study, spec)
+    study, backend = open_study(spec, storage, reseed=False)
     leftovers = fail_leftovers(study)
-    study_lib.enqueue_first_trials(study, spec)
-    remaining = spec.study.n_trials - sum(
-        1 for t in study_lib.counted_trials(study) if t.state.name != "WAITING"
-    )
+    record.enqueue_first_trials(study, spec)
+    remaining = spec.study.n_trials - record.started_count(study)
     log(f"study {spec.study.name!r}: {spec.study.n_trials - remaining} of {spec.study.n_trials} trials stored"
         + (f" ({leftovers} left running by an ended Ray job, now failed)" if leftovers else ""))  # fmt: skip
     if remaining <= 0:
@@ -287,7 +190,7 @@ def run(
             # PBT clones from a member's latest checkpoints; it warns when fewer than 3 are kept.
             checkpoints = tune.CheckpointConfig(num_to_keep=3)
         else:
-            search_alg = _searcher(spec, backend, epochs, job_id)
+            search_alg = optuna_search.study_search(spec, backend, epochs, job_id)
             scheduler, max_concurrent = build_scheduler(spec, epochs), spec.study.max_concurrent
             callbacks, checkpoints, param_space = [], None, None
         tuner = tune.Tuner(

@@ -18,16 +18,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from hpo import study as study_lib
+from hpo import record, search
 from hpo.errors import StudyFileError
-from hpo.trial_job import now_iso
 from trainer.config import RESUMABLE_CHANGES
 
 if TYPE_CHECKING:
     import optuna
     from optuna.distributions import BaseDistribution
 
-    from hpo.studyfile import StudySpec
+    from hpo.config import StudySpec
 
 PBT_OPTIONS = ("perturbation_interval", "quantile_fraction", "resample_probability", "mutations")
 MEMBER_KEY = "hpo_member"
@@ -71,7 +70,7 @@ def build_scheduler(spec: StudySpec) -> Any:
 
     where = f"{spec.source}: study.pruner.options"
     options = spec.study.pruner.options
-    distributions = study_lib.distributions(spec)
+    distributions = search.distributions(spec)
     names = mutations(spec)
     space: dict[str, Any] = {}
     for name in names:
@@ -109,12 +108,11 @@ def first_population(
 ) -> tuple[list[optuna.trial.Trial], list[dict[str, Any]]]:
     """Ask the study for ``size`` members (its enqueued trials first): Optuna trials, and the Tune
     configs that start them. Members beyond max_concurrent wait (no start time) until others end."""
-    distributions: dict[str, BaseDistribution] = study_lib.distributions(spec)
+    distributions: dict[str, BaseDistribution] = search.distributions(spec)
     members, configs = [], []
     for index in range(size):
         trial = study.ask(distributions)
-        trial.set_user_attr(study_lib.ATTR_EXECUTOR, "ray")
-        trial.set_user_attr(study_lib.ATTR_JOB_ID, job_id)
+        record.set_attrs(trial, {record.ATTR_EXECUTOR: "ray", record.ATTR_JOB_ID: job_id})
         members.append(trial)
         configs.append({**trial.params, MEMBER_KEY: index})
     return members, configs
@@ -162,7 +160,7 @@ class PopulationRecorder:
             index = int(trial.config[MEMBER_KEY])
             self.member_of[trial.trial_id] = index
             self.params[index] = self._params(trial.config)
-            self.members[index].set_user_attr(study_lib.ATTR_STARTED_AT, now_iso())
+            record.set_attr(self.members[index], record.ATTR_STARTED_AT, record.now_iso())
 
     def _params(self, config: dict[str, Any]) -> dict[str, Any]:
         return {name: config[name] for name in self.spec.search_space}
@@ -189,7 +187,7 @@ class PopulationRecorder:
             self.params[index] = params
             # From now on this trial's weights are its own: a member cloning it must name it.
             trial.config[MEMBER_KEY] = index
-            member.set_user_attr(ATTR_SCHEDULE, self.schedule[index])
+            record.set_attr(member, ATTR_SCHEDULE, self.schedule[index])
 
     def finished(self, trial: Any, error: bool) -> None:
         import optuna
@@ -201,22 +199,8 @@ class PopulationRecorder:
         result = trial.last_result or {}
         value = result.get(self.spec.study.metric)
         epochs_done = int(result.get("epoch", 0))
-        attrs: dict[str, Any] = {
-            study_lib.ATTR_FINISHED_AT: now_iso(),
-            study_lib.ATTR_EPOCHS: epochs_done,
-            study_lib.ATTR_NODES: result.get("node", ""),
-            study_lib.ATTR_ELAPSED_S: round(float(result.get("time_total_s", 0.0)), 3),
-            study_lib.ATTR_IMAGES_PER_S: result.get("images_per_s"),
-            ATTR_FINAL_PARAMS: self.params[index],
-        }
-        if result.get("test_accuracy") is not None:
-            attrs[study_lib.ATTR_TEST_ACCURACY] = result["test_accuracy"]
-        if error:
-            attrs[study_lib.ATTR_FAIL_REASON] = (
-                "the Tune trial raised an error (see its log under ray_results)"
-            )
-        for key, item in attrs.items():
-            member.set_user_attr(key, item)
+        attrs = record.tune_result_attrs(result, epochs_done, error)
+        record.set_attrs(member, {**attrs, record.ATTR_FINAL_PARAMS: self.params[index]})
         if error or value is None or math.isnan(float(value)) or epochs_done < self.epochs:
             self.study.tell(member, state=optuna.trial.TrialState.FAIL)
         else:
@@ -231,7 +215,7 @@ class PopulationRecorder:
         for index, member in enumerate(self.members):
             if index in self.told:
                 continue
-            member.set_user_attr(study_lib.ATTR_FAIL_REASON, reason)
+            record.set_attr(member, record.ATTR_FAIL_REASON, reason)
             self.study.tell(member, state=optuna.trial.TrialState.FAIL)
             self.told.add(index)
             failed += 1

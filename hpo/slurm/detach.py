@@ -12,14 +12,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpo import executors
 from hpo.paths import private_dir
+from hpo.slurm import executors
 
 if TYPE_CHECKING:
-    from hpo.studyfile import StudySpec
+    from hpo.config import StudySpec
 
 # What submitit's job environment reads while the job runs (its signal handler needs the job id
 # and the rank): kept when the launcher's own SLURM_* variables are dropped.
@@ -31,14 +32,14 @@ _SUBMITIT_NEEDS = {
 
 @dataclasses.dataclass
 class DetachedLaunch:
-    """The task of the launcher's job: ``hpo launch`` with the same arguments, minus --detach."""
+    """The task of the launcher's job: the same launch command, minus --detach (``hpo.commands``
+    hands it over as a callable, so this module does not import the commands)."""
 
+    launch: Callable[[], int]
     argv: list[str]
     workdir: str
 
     def __call__(self) -> int:
-        from hpo.cli import main
-
         # The trial jobs this launcher submits inherit its environment: the launcher job's own
         # SLURM_* settings (its CPUs, memory, task count) must not become theirs.
         for name in [n for n in os.environ if n.startswith("SLURM_") and n not in _SUBMITIT_NEEDS]:
@@ -46,7 +47,7 @@ class DetachedLaunch:
         os.chdir(self.workdir)
         restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
         print(f"detached launcher (restart {restarts}): hpo {' '.join(self.argv)}", flush=True)
-        status = main(self.argv)
+        status = self.launch()
         if status != 0:
             raise SystemExit(status)
         return status
@@ -58,7 +59,7 @@ class DetachedLaunch:
         return submitit.helpers.DelayedSubmission(self)
 
 
-def submit(spec: StudySpec, argv: list[str]) -> str:
+def submit(spec: StudySpec, launch: Callable[[], int], argv: list[str]) -> str:
     """Submit the launcher's job; returns its job id."""
     import submitit
 
@@ -82,7 +83,7 @@ def submit(spec: StudySpec, argv: list[str]) -> str:
         if value is not None:
             params[key] = value
     executor.update_parameters(**params)
-    job = executor.submit(DetachedLaunch(argv, str(Path.cwd())))
+    job = executor.submit(DetachedLaunch(launch, argv, str(Path.cwd())))
     return str(job.job_id)
 
 

@@ -10,20 +10,17 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpo.errors import StudyFileError
 from hpo.paths import private_dir
 
 if TYPE_CHECKING:
     import submitit
 
-    from hpo.studyfile import StudySpec
+    from hpo.config import StudySpec
 
 _SLURM_ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
                 "PREEMPTED", "TIMEOUT", "REVOKED", "SPECIAL_EXIT"}  # fmt: skip
@@ -34,42 +31,6 @@ _SLURM_MAY_REQUEUE = {"NODE_FAIL", "PREEMPTED"}
 
 def jobs_folder(spec: StudySpec) -> Path:
     return spec.workdir / "jobs"
-
-
-def check_executor_available(spec: StudySpec, executor: str) -> None:
-    if executor == "slurm" and shutil.which("sbatch") is None:
-        raise StudyFileError(
-            f"{spec.source}: resources.executor: slurm, but there is no sbatch on this machine; "
-            "run on a Slurm login node, or use executor: local (--executor local)"
-        )
-
-
-def check_partition_capacity(spec: StudySpec, nodes: int, gpus_per_node: int, cpus_per_node: int) -> None:
-    """Refuse, before submitting, a job that the partition can never run (it would pend forever)."""
-    args = ["sinfo", "-h", "-N", "-o", "%N|%c|%G"]
-    if spec.resources.partition:
-        args += ["-p", spec.resources.partition]
-    try:
-        out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return  # no sinfo answer: let sbatch judge
-    capacity: dict[str, tuple[int, int]] = {}
-    for line in out.splitlines():
-        name, cpus, gres = [*line.split("|"), "", ""][:3]
-        gpus = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", gres))
-        capacity[name] = (int(cpus) if cpus.isdigit() else 0, gpus)
-    where = f"partition {spec.resources.partition}" if spec.resources.partition else "the default partition"
-    if not capacity:
-        raise StudyFileError(f"{spec.source}: resources.partition: {where} has no nodes")
-    fitting = [n for n, (cpus, gpus) in capacity.items() if cpus >= cpus_per_node and gpus >= gpus_per_node]
-    if len(fitting) < nodes:
-        most_gpus = max(gpus for _, gpus in capacity.values())
-        most_cpus = max(cpus for cpus, _ in capacity.values())
-        raise StudyFileError(
-            f"{spec.source}: resources: a job needs {nodes} nodes with {gpus_per_node} GPUs and "
-            f"{cpus_per_node} CPUs each; {where} has {len(capacity)} nodes, {len(fitting)} of them "
-            f"big enough (at most {most_gpus} GPUs and {most_cpus} CPUs per node)"
-        )
 
 
 def make_executor(

@@ -11,11 +11,10 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from hpo import accounting, executors
-from hpo import study as study_lib
-from hpo.errors import LaunchError, StudyFileError
-from hpo.ray_backend.population import ATTR_FINAL_PARAMS, ATTR_SCHEDULE
-from hpo.retries import ATTR_RETRY_OF
+from hpo import record, search
+from hpo.errors import LaunchError, NotReadyError, StudyFileError, one_line
+from hpo.record import ATTR_FINAL_PARAMS, ATTR_RETRY_OF, ATTR_SCHEDULE
+from hpo.slurm import accounting, executors
 from hpo.storage import StorageRef, mask, open_storage
 from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig
 from trainer.errors import ConfigError
@@ -23,7 +22,7 @@ from trainer.errors import ConfigError
 if TYPE_CHECKING:
     import optuna
 
-    from hpo.studyfile import StudySpec
+    from hpo.config import StudySpec
 
 
 def open_study(spec: StudySpec, ref: StorageRef) -> optuna.Study:
@@ -31,22 +30,25 @@ def open_study(spec: StudySpec, ref: StorageRef) -> optuna.Study:
 
     try:
         storage = open_storage(ref, create=False)
-        study = study_lib.load(spec, storage, create=False)
+        study = search.load(spec, storage, create=False)
     except (KeyError, FileNotFoundError):
         raise StudyFileError(f"{spec.source}: study.name: no study {spec.study.name!r} in {mask(str(ref))}; "
                              "run `hpo launch` first") from None  # fmt: skip
     except optuna.exceptions.StorageInternalError as err:
         raise LaunchError(f"cannot read {mask(str(ref))}: {err}") from None
     except Exception as err:  # drivers raise many types for an unreachable server
-        raise StudyFileError(f"{spec.source}: study.storage: cannot open {mask(str(ref))}: "
-                             f"{str(getattr(err, 'orig', None) or err).strip().splitlines()[0]}") from None  # fmt: skip
-    study_lib.check_direction(study, spec)  # a file whose objectives changed would misread it
+        raise NotReadyError(
+            f"{spec.source}: study.storage: cannot open {mask(str(ref))}: "
+            f"{one_line(getattr(err, 'orig', None) or err, name=False)}",
+            "start the database server, or name another with --storage URL",
+        ) from None
+    search.check_direction(study, spec)  # a file whose objectives changed would misread it
     return study
 
 
 def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCost | None = None) -> list[str]:
     """The status table; ``cost`` when the caller already has it (one sacct call, not two)."""
-    trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(study_lib.ATTR_SURPLUS)]
+    trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(record.ATTR_SURPLUS)]
     counts = Counter(t.state.name for t in trials)
     lines = [
         f"study {spec.study.name}: {len(trials)} of {spec.study.n_trials} trials; "
@@ -56,24 +58,22 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
     unit = "GPU-h" if cost.unit == "GPU-hours" else "CPU-h"
     header = ("#", "state", "epoch", spec.study.metric, "job", "elapsed", unit, "params / reason")
     rows: list[tuple[str, ...]] = [header]
-    front = {t.number for t in study_lib.pareto_front(study, spec)}
+    front = {t.number for t in record.pareto_front(study, spec)}
     for t in trials:
-        value = study_lib.metric_value(t)
-        last_epoch = max(study_lib.curve(t), default=0)
-        elapsed = t.user_attrs.get(study_lib.ATTR_ELAPSED_S)
+        value = record.metric_value(t)
+        last_epoch = max(record.curve(t), default=0)
+        elapsed = t.user_attrs.get(record.ATTR_ELAPSED_S)
         if elapsed is None and t.duration is not None:
             elapsed = t.duration.total_seconds()
-        detail = study_lib.format_params(t.params)
-        reason = t.user_attrs.get(study_lib.ATTR_FAIL_REASON)
-        infeasible = bool(t.user_attrs.get(study_lib.ATTR_INFEASIBLE))
+        detail = record.format_params(t.params)
+        reason = t.user_attrs.get(record.ATTR_FAIL_REASON)
+        infeasible = bool(t.user_attrs.get(record.ATTR_INFEASIBLE))
         if reason and (t.state.name == "FAIL" or infeasible):
             detail = f"{detail}  [{reason}]"
         notes = [
             f"Pareto front, {spec.study.also_minimize}={t.values[1]:.4g}" if t.number in front else "",
             f"retry of {t.user_attrs[ATTR_RETRY_OF]}" if ATTR_RETRY_OF in t.user_attrs else "",
-            f"requeued {t.user_attrs[study_lib.ATTR_RESTARTS]}x"
-            if study_lib.ATTR_RESTARTS in t.user_attrs
-            else "",
+            f"requeued {t.user_attrs[record.ATTR_RESTARTS]}x" if record.ATTR_RESTARTS in t.user_attrs else "",
         ]
         if any(notes):
             detail = f"{detail}  ({', '.join(n for n in notes if n)})"
@@ -82,7 +82,7 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
             "INFEASIBLE" if infeasible else t.state.name,
             str(last_epoch),
             "-" if value is None else f"{value:.4f}",
-            str(t.user_attrs.get(study_lib.ATTR_JOB_ID, "-")),
+            str(t.user_attrs.get(record.ATTR_JOB_ID, "-")),
             "-" if elapsed is None else f"{float(elapsed):.0f}s",
             accounting.format_hours(cost.of(cost.per_trial[t.number])) if t.number in cost.per_trial else "-",
             detail,
@@ -110,7 +110,7 @@ def cost_line(cost: accounting.StudyCost) -> str:
 
 
 def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
-    best = study_lib.best_trial(study, spec)
+    best = record.best_trial(study, spec)
     if best is None:
         raise LaunchError(f"study {spec.study.name!r} has no completed trial yet")
     # A PBT member ends with the settings PBT gave it, on weights that may come from others.
@@ -120,34 +120,34 @@ def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
     except ConfigError as err:  # the study file's trainer section changed since the trial ran
         raise StudyFileError(f"{spec.source}: trainer: {err}") from None
     lines = []
-    front = study_lib.pareto_front(study, spec)
+    front = record.pareto_front(study, spec)
     if front:
         lines.append(
             f"Pareto front ({spec.study.metric} {spec.study.direction}, {spec.study.also_minimize} minimize):"
         )
         lines += [
             f"  trial {t.number}: {spec.study.metric}={t.values[0]:.4f} {spec.study.also_minimize}={t.values[1]:.4g}  "
-            + study_lib.format_params(t.params)
+            + record.format_params(t.params)
             for t in front
         ]  # fmt: skip
         lines.append(f"of the front, the best {spec.study.metric}:")
     lines += [
         f"best trial {best.number}: {spec.study.metric}={best.values[0]:.4f} "
         + (
-            f"held-out test_accuracy={best.user_attrs[study_lib.ATTR_TEST_ACCURACY]:.4f} "
-            if study_lib.ATTR_TEST_ACCURACY in best.user_attrs
+            f"held-out test_accuracy={best.user_attrs[record.ATTR_TEST_ACCURACY]:.4f} "
+            if record.ATTR_TEST_ACCURACY in best.user_attrs
             else ""
         )
-        + f"(job {best.user_attrs.get(study_lib.ATTR_JOB_ID, '-')})",
-        "params: " + study_lib.format_params(best.params),
+        + f"(job {best.user_attrs.get(record.ATTR_JOB_ID, '-')})",
+        "params: " + record.format_params(best.params),
     ]
     for change in best.user_attrs.get(ATTR_SCHEDULE, []):
         lines.append(
             f"  PBT, after epoch {change['after_epoch']}: weights of trial {change['weights_of_trial']}, "
-            + study_lib.format_params(change["params"])
+            + record.format_params(change["params"])
         )
     if final != best.params:
-        lines.append("params at the end: " + study_lib.format_params(final))
+        lines.append("params at the end: " + record.format_params(final))
         lines.append(
             "(the command trains with the final params from the start; it does not replay PBT's schedule)"
         )
@@ -178,24 +178,21 @@ def cancel(spec: StudySpec, study: optuna.Study) -> list[str]:
     and their trials failed, so that nothing stays RUNNING."""
     import optuna
 
-    study.set_user_attr(study_lib.STUDY_ATTR_CANCEL, time.time())
+    record.request_cancel(study, time.time())
     lines = []
-    ray_job = study.user_attrs.get(study_lib.STUDY_ATTR_RAY_JOB)
+    ray_job = record.ray_job(study)
     if ray_job:  # the one allocation of a Ray-backed study holds all its trials
         _cancel_job(spec, "slurm", str(ray_job))
         lines.append(f"Ray job {ray_job}: cancelled")
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        executor = trial.user_attrs.get(study_lib.ATTR_EXECUTOR)
-        kind = trial.user_attrs.get(study_lib.ATTR_JOB_KIND, executor)
-        job_id = trial.user_attrs.get(study_lib.ATTR_JOB_ID)
+        executor = trial.user_attrs.get(record.ATTR_EXECUTOR)
+        kind = trial.user_attrs.get(record.ATTR_JOB_KIND, executor)
+        job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
         if job_id is not None and kind != "ray":
             _cancel_job(spec, kind, str(job_id))
         # Both raise if the trial ended on its own meanwhile: then its state stands.
         with contextlib.suppress(RuntimeError, ValueError):
-            study._storage.set_trial_user_attr(
-                trial._trial_id, study_lib.ATTR_FAIL_REASON, study_lib.REASON_CANCELLED
-            )
-            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            record.fail(study, trial, record.REASON_CANCELLED)
             lines.append(f"trial {trial.number}: cancelled {kind} job {job_id or '-'}")
     return lines or ["no running trial; launchers and workers of this study take no new trial"]
 
@@ -221,8 +218,8 @@ def trial_log(spec: StudySpec, study: optuna.Study, number: int, stderr: bool) -
         raise StudyFileError(
             f"{spec.source}: trial {number}: no such trial in study {spec.study.name!r} (0 to {len(trials) - 1})"
         )
-    job_id = trial.user_attrs.get(study_lib.ATTR_JOB_ID)
-    executor = trial.user_attrs.get(study_lib.ATTR_EXECUTOR)
+    job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
+    executor = trial.user_attrs.get(record.ATTR_EXECUTOR)
     if job_id is None:
         raise LaunchError(f"trial {number} ({trial.state.name}) never started in a job: it has no log")
     if executor == "ray":

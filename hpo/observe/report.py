@@ -17,15 +17,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpo import accounting, views
-from hpo import study as study_lib
+from hpo import record, search
 from hpo.errors import LaunchError, StudyFileError
+from hpo.observe import views
 from hpo.paths import private_dir
+from hpo.slurm import accounting
 
 if TYPE_CHECKING:
     import optuna
 
-    from hpo.studyfile import StudySpec
+    from hpo.config import StudySpec
 
 _STATE_COLORS = {"COMPLETE": "#1f77b4", "PRUNED": "#d62728", "FAIL": "#7f7f7f", "RUNNING": "#2ca02c"}
 
@@ -38,7 +39,7 @@ def write_report(spec: StudySpec, study: optuna.Study, out: Path) -> list[Path]:
         import plotly  # noqa: F401
     except ImportError as err:
         raise LaunchError(f"hpo report needs {err.name}: pip install 'slurm-hpo[report]'") from None
-    trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(study_lib.ATTR_SURPLUS)]
+    trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(record.ATTR_SURPLUS)]
     if not trials:
         raise LaunchError(f"study {spec.study.name!r} has no trial yet: nothing to report")
     try:
@@ -75,7 +76,7 @@ def _plots(spec: StudySpec, study: optuna.Study, trials: list[optuna.trial.Froze
 
     # A multi-objective study's plots are of its metric (its first objective), plus the front.
     target: Any = (lambda t: t.values[0]) if spec.study.also_minimize else None
-    names = study_lib.objective_names(spec)
+    names = search.objective_names(spec)
     plots: dict[str, Plot] = {}
     if spec.study.also_minimize:
         plots["pareto_front"] = (
@@ -120,7 +121,7 @@ def _curves(
     trials: list[optuna.trial.FrozenTrial],
 ) -> Iterator[tuple[optuna.trial.FrozenTrial, list[int], list[float]]]:
     for t in trials:
-        values = study_lib.curve(t)
+        values = record.curve(t)
         if values:
             steps = sorted(values)
             yield t, steps, [values[s] for s in steps]
@@ -218,13 +219,13 @@ def _write_summary(
     path: Path,
 ) -> Path:
     best: dict[str, Any] | None = None
-    trial = study_lib.best_trial(study, spec)
+    trial = record.best_trial(study, spec)
     if trial is not None:
         best = {
             "number": trial.number,
             "value": trial.values[0],
             "params": trial.params,
-            "job_id": trial.user_attrs.get(study_lib.ATTR_JOB_ID),
+            "job_id": trial.user_attrs.get(record.ATTR_JOB_ID),
             "command": next((line.removeprefix("train it: ") for line in best_lines if line.startswith("train it: ")), None),
         }  # fmt: skip
     summary = {
@@ -235,10 +236,10 @@ def _write_summary(
         "trials": len(trials),
         "states": dict(Counter(t.state.name for t in trials)),
         "best": best,
-        "objectives": dict(zip(study_lib.objective_names(spec), study_lib.directions(spec), strict=True)),
+        "objectives": dict(zip(search.objective_names(spec), search.directions(spec), strict=True)),
         "pareto_front": [
             {"number": t.number, "values": t.values, "params": t.params}
-            for t in study_lib.pareto_front(study, spec)
+            for t in record.pareto_front(study, spec)
         ],
         "cost": {
             "unit": cost.unit,

@@ -20,13 +20,13 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, TextIO
 
-from hpo import accounting
-from hpo import study as study_lib
+from hpo import record
+from hpo.slurm import accounting
 
 if TYPE_CHECKING:
     import optuna
 
-    from hpo.studyfile import StudySpec
+    from hpo.config import StudySpec
 
 _CLEAR_LINE = "\r\x1b[K"
 
@@ -94,8 +94,8 @@ class Progress:
     def _trials(self) -> list[optuna.trial.FrozenTrial]:
         """The trials the budget counts: no surplus ones, no failed ones that were retried."""
         trials = self.study.get_trials(deepcopy=False)
-        retried = study_lib.retried_numbers(trials)
-        return [t for t in trials if not t.user_attrs.get(study_lib.ATTR_SURPLUS) and t.number not in retried]
+        retried = record.retried_numbers(trials)
+        return [t for t in trials if not t.user_attrs.get(record.ATTR_SURPLUS) and t.number not in retried]
 
     def line(self, trials: list[optuna.trial.FrozenTrial] | None = None) -> str:
         trials = self._trials() if trials is None else trials
@@ -115,7 +115,7 @@ class Progress:
         complete = [
             t
             for t in trials
-            if t.state.name == "COMPLETE" and t.values and not t.user_attrs.get(study_lib.ATTR_INFEASIBLE)
+            if t.state.name == "COMPLETE" and t.values and not t.user_attrs.get(record.ATTR_INFEASIBLE)
         ]
         if not complete:
             return ""
@@ -133,7 +133,7 @@ class Progress:
             usage = accounting.trial_estimate(self.spec, t)
             if t.state.name == "RUNNING":
                 # From when its job started: a job waiting in the queue costs nothing yet.
-                started = t.user_attrs.get(study_lib.ATTR_STARTED_AT)
+                started = t.user_attrs.get(record.ATTR_STARTED_AT)
                 seconds = (
                     (datetime.now(timezone.utc) - datetime.fromisoformat(started)).total_seconds()
                     if started

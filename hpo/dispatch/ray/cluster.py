@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpo.storage import StorageRef
-from hpo.trial_job import Objective
+from hpo.trial.objective import Objective
 
 if TYPE_CHECKING:
-    from hpo.studyfile import StudySpec
+    from hpo.config import StudySpec
 
 JOIN_TIMEOUT_S = 180
 _PORT_NAMES = (
@@ -100,7 +100,7 @@ class RayClusterTask:
         return self._worker(job_id, rank, node_ip, temp_dir, rdv)
 
     def _head(self, job_id: str, nodes: int, node_ip: str, temp_dir: str, rdv: Path) -> dict[str, Any]:
-        from hpo.ray_backend import driver
+        from hpo.dispatch.ray import driver
 
         ports = _free_ports(len(_PORT_NAMES) + 1)
         named = dict(zip(_PORT_NAMES, ports, strict=False))
@@ -151,7 +151,7 @@ class RayClusterTask:
 
 
 def _ray_start(extra: list[str], ports: dict[str, int], node_ip: str, temp_dir: str, spec: StudySpec) -> None:
-    from hpo.ray_backend import driver
+    from hpo.dispatch.ray import driver
 
     slots = slots_per_node(spec)
     low = _free_range(_WORKER_PORTS + 1, avoid=set(ports.values()))

@@ -13,14 +13,14 @@ import socket
 import subprocess
 from typing import TYPE_CHECKING
 
+from hpo.dispatch.ray.cluster import read_rendezvous, rendezvous_path
 from hpo.errors import LaunchError
-from hpo.ray_backend.cluster import read_rendezvous, rendezvous_path
-from hpo.study import STUDY_ATTR_RAY_JOB
+from hpo.record import STUDY_ATTR_RAY_JOB
 
 if TYPE_CHECKING:
     import optuna
 
-    from hpo.studyfile import StudySpec
+    from hpo.config import StudySpec
 
 RAY_LOCAL_PORT = 8265
 OPTUNA_DASHBOARD_PORT = 8080

@@ -1,0 +1,214 @@
+"""The ``hpo`` commands as functions: what the command line runs, and what a detached launcher runs.
+
+A :class:`Request` holds one command and its options. :func:`execute` runs it and turns whatever
+ended it into an exit status and one line on stderr (``hpo.errors`` documents the statuses); the
+command line (``hpo.cli``) only builds the request, and the launcher job of ``hpo launch --detach``
+calls :func:`execute` on the same request, minus ``--detach``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpo.errors import LaunchError, NotReadyError, StudyFileError, exit_status, one_line
+
+if TYPE_CHECKING:
+    from hpo.config import StudySpec
+    from hpo.storage import StorageRef
+
+# Options that override a study-file key: (option, key), named in errors that the override caused.
+_OVERRIDE_OPTIONS = (
+    ("storage", "study.storage"),
+    ("executor", "resources.executor"),
+    ("backend", "study.backend"),
+    ("n_trials", "study.n_trials"),
+    ("max_concurrent", "study.max_concurrent"),
+)
+
+
+@dataclasses.dataclass
+class Request:
+    """One ``hpo`` command with its options (the command line's, parsed)."""
+
+    command: str
+    study_file: Path
+    storage: str | None = None
+    overrides: list[str] = dataclasses.field(default_factory=list)
+    argv: list[str] = dataclasses.field(default_factory=list)
+    """The command line as typed, for the detached launcher's log."""
+    # launch
+    executor: str | None = None
+    backend: str | None = None
+    n_trials: int | None = None
+    max_concurrent: int | None = None
+    workers: int | None = None
+    dry_run: bool = False
+    detach: bool = False
+    # tunnel, dashboard, report, logs
+    open: bool = False
+    host: str = "127.0.0.1"
+    port: int = 8080
+    out: Path | None = None
+    trial: int | None = None
+    err: bool = False
+
+
+def execute(request: Request) -> int:
+    """Run a command; returns its exit status, having printed one line for any error."""
+    try:
+        return run(request)
+    except KeyboardInterrupt:
+        print(f"hpo {request.command}: interrupted", file=sys.stderr)
+        return exit_status(KeyboardInterrupt())
+    except (StudyFileError, NotReadyError, LaunchError) as err:
+        print(f"hpo {request.command}: error: {err}", file=sys.stderr)
+        return exit_status(err)
+    except Exception as err:
+        if os.environ.get("HPO_DEBUG"):
+            raise
+        # An unforeseen failure (a database outage...): one line, not a traceback.
+        print(
+            f"hpo {request.command}: error: {one_line(err, last=True)} (HPO_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return exit_status(err)
+
+
+def run(request: Request) -> int:
+    """Run a command; errors are raised (see :func:`execute`)."""
+    from hpo.config import load_study
+    from hpo.storage import has_password, resolve_storage
+
+    command_line_urls = [request.storage] if request.storage is not None else []
+    command_line_urls += [o.partition("=")[2] for o in request.overrides if o.startswith("study.storage=")]
+    if any(has_password(url) for url in command_line_urls):
+        raise StudyFileError(
+            "--storage: a password on the command line is visible to every user; put it in "
+            "PGPASSWORD or ~/.pgpass"
+        )
+    overrides = list(request.overrides)
+    labels = {}  # names the option behind an override in error messages
+    for option, key in _OVERRIDE_OPTIONS:
+        value = getattr(request, option)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+            labels[key] = "--" + option.replace("_", "-")
+    spec = load_study(request.study_file, overrides, labels)
+    storage = resolve_storage(spec, spec.study.storage, spec.source)
+    # The study file is pickled into every job: it must carry the URL without its password.
+    spec.study.storage = str(storage)
+    if request.command == "launch":
+        return launch(request, spec, storage)
+    return observe(request, spec, storage)
+
+
+def launch(request: Request, spec: StudySpec, storage: StorageRef) -> int:
+    from hpo.config import preflight
+
+    executor = spec.resources.executor
+    preflight.check_launch(
+        spec, executor=executor, workers=request.workers, detach=request.detach, dry_run=request.dry_run
+    )
+    if request.dry_run:
+        _print_dry_run(spec, storage, executor)
+        return 0
+    if request.detach:
+        return _detach(request, spec)
+    if spec.study.backend == "ray":
+        from hpo.dispatch import common
+        from hpo.dispatch.ray import launch as ray_launch
+
+        study = ray_launch.launch(spec, storage, executor)
+        best = common.summarize(study, spec).best_number
+    else:
+        from hpo.dispatch import launch as launcher
+
+        options = launcher.LaunchOptions(executor=executor, workers=request.workers)
+        best = launcher.launch(spec, storage, options).best_number
+    if best is None:
+        raise LaunchError(f"no trial of study {spec.study.name!r} completed; see `hpo status {spec.source}`")
+    return 0
+
+
+def observe(request: Request, spec: StudySpec, storage: StorageRef) -> int:
+    """The commands that read a stored study (and ``cancel``, which stops its jobs)."""
+    from hpo import record
+    from hpo.observe import views
+
+    study = views.open_study(spec, storage)  # a missing study: a one-line error, not an empty page
+    if request.command == "dashboard":
+        from hpo.observe import dashboard
+
+        return dashboard.serve(spec, storage, study, request.host, request.port)
+    if request.command == "tunnel":
+        from hpo.observe import tunnel
+
+        if request.open:
+            return tunnel.open_tunnel(spec, study)
+        with_ray = spec.study.backend == "ray" or record.ray_job(study) is not None
+        lines = tunnel.tunnel_commands(spec, study, with_ray=with_ray)
+    elif request.command == "status":
+        lines = views.status_lines(spec, study)
+    elif request.command == "best":
+        lines = views.best_lines(spec, study)
+    elif request.command == "report":
+        from hpo.observe import report
+
+        assert request.out is not None  # required by the command line
+        written = report.write_report(spec, study, request.out)
+        lines = [f"report of study {spec.study.name!r}: {written[0]}", *(f"  {p}" for p in written[1:])]
+    elif request.command == "logs":
+        assert request.trial is not None  # required by the command line
+        sys.stdout.write(views.trial_log(spec, study, request.trial, request.err))
+        return 0
+    elif request.command == "cancel":
+        lines = views.cancel(spec, study)
+    else:
+        raise StudyFileError(f"unknown command {request.command!r}")
+    print("\n".join(lines))
+    return 0
+
+
+def _detach(request: Request, spec: StudySpec) -> int:
+    from hpo.slurm import detach
+
+    again = dataclasses.replace(request, detach=False, argv=[a for a in request.argv if a != "--detach"])
+    job_id = detach.submit(spec, functools.partial(execute, again), again.argv)
+    print(
+        f"launcher submitted as Slurm job {job_id} ({spec.launcher.time_min} min per run, requeued before its limit)"
+    )
+    print(f"its log: {detach.log_path(spec, job_id)}")
+    print(f"follow the study: hpo status {spec.source}")
+    return 0
+
+
+def _print_dry_run(spec: StudySpec, storage: StorageRef, executor: str) -> None:
+    import yaml
+
+    from hpo.slurm import executors
+    from hpo.storage import mask
+
+    document = {
+        "study": {**dataclasses.asdict(spec.study), "storage": mask(str(storage))},
+        "search_space": {
+            name: {k: v for k, v in dataclasses.asdict(p).items() if v is not None and v is not False}
+            for name, p in spec.search_space.items()
+        },
+        "trainer": spec.trainer,
+        "resources": dataclasses.asdict(spec.resources),
+    }
+    print(f"# {spec.source}, resolved (workdir {spec.workdir})")
+    print(yaml.safe_dump(document, sort_keys=False).rstrip())
+    if executor == "slurm":
+        print(
+            f"# sbatch script of each trial job (submitted by submitit; folder {executors.jobs_folder(spec)})"
+        )
+        print(executors.render_sbatch(spec, f"hpo-{spec.study.name}").rstrip())
+    else:
+        print(f"# each trial runs as a local process: {sys.executable} -m submitit.core._submit <job folder>")
+    print("# dry run: nothing submitted")

@@ -1,0 +1,150 @@
+"""Every check made before ``hpo launch`` creates or submits anything, in one place.
+
+Two kinds of problem come out of here. What the study file, an override or an option asks for
+that cannot be done is bad input (:class:`StudyFileError`, exit 2). What this machine or a service
+lacks (no ``sbatch``, a partition too small for the job, Ray not installed, data not on disk) is
+not the file's fault (:class:`NotReadyError`, exit 3, with a hint). The checks on the storage
+itself happen when it is opened (``hpo.storage.check_reachable``).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from typing import TYPE_CHECKING
+
+from hpo.errors import NotReadyError, StudyFileError
+
+if TYPE_CHECKING:
+    from hpo.config.schema import StudySpec
+
+
+def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach: bool, dry_run: bool) -> None:
+    """The checks of ``hpo launch``, cheapest first; ``dry_run`` stops after those of the file."""
+    if spec.study.backend == "ray":
+        check_ray_settings(spec)
+    else:
+        from hpo import search
+
+        search.validate_optuna_settings(spec)
+    if workers is not None:
+        if workers < 1:
+            raise StudyFileError(f"--workers: must be >= 1, got {workers}")
+        if spec.resources.world_size > 1:
+            raise StudyFileError(
+                f"{spec.source}: resources: --workers runs single-process trials; this study's trials "
+                f"have {spec.resources.world_size} processes (use per-trial jobs for DDP trials)"
+            )
+    if dry_run:
+        return
+    if detach and executor != "slurm":
+        raise StudyFileError(
+            f"--detach: the launcher runs as a Slurm job, for trials that run as Slurm jobs; "
+            f"{spec.source}: resources.executor is {executor} (add --executor slurm)"
+        )
+    check_executor_available(spec, executor)
+    if executor == "slurm":
+        nodes, gpus, cpus = _job_shape(spec)
+        check_partition_capacity(spec, nodes, gpus, cpus)
+    else:
+        check_local_data(spec)
+
+
+def check_ray_settings(spec: StudySpec) -> None:
+    """Reject, before anything starts, what the Ray backend cannot do."""
+    from hpo import search
+    from hpo.dispatch.ray import ddp_trial, population
+    from hpo.dispatch.ray.driver import RAY_PRUNERS
+
+    try:
+        import ray  # noqa: F401
+        from ray import tune  # noqa: F401
+    except ImportError:
+        raise NotReadyError(
+            "the Ray backend needs Ray Tune, which is not installed",
+            "pip install 'slurm-hpo[ray]' (ray[default,tune]), or use study.backend: optuna",
+        ) from None
+    if spec.study.pruner.name not in RAY_PRUNERS:
+        raise StudyFileError(
+            f"{spec.source}: study.pruner.name: {spec.study.pruner.name!r} has no Ray Tune scheduler; "
+            f"the Ray backend takes {', '.join(RAY_PRUNERS)}"
+        )
+    if spec.study.pruner.name == "pbt":
+        population.build_scheduler(spec)
+    else:
+        # The options are Optuna's pruner's, so that one study file serves both backends.
+        search.build_pruner(spec.study.pruner, spec.source)
+    if spec.resources.tasks_per_node > 1:  # each trial a DDP run of Ray Train workers
+        ddp_trial.check_settings(spec)
+
+
+def _job_shape(spec: StudySpec) -> tuple[int, int, int]:
+    """Nodes, GPUs per node and CPUs per node of the job a launch submits."""
+    res = spec.resources
+    if spec.study.backend == "ray":
+        from hpo.dispatch.ray.cluster import cpus_per_trial, slots_per_node
+
+        slots = slots_per_node(spec)  # one allocation holding its share of the concurrent trials
+        return res.nodes, res.gpus_per_node * slots, cpus_per_trial(spec) * slots
+    return res.nodes, res.gpus_per_node, res.cpus_per_task * res.tasks_per_node
+
+
+def check_executor_available(spec: StudySpec, executor: str) -> None:
+    if executor == "slurm" and shutil.which("sbatch") is None:
+        raise NotReadyError(
+            f"{spec.source}: resources.executor: slurm, but there is no sbatch on this machine",
+            "run on a Slurm login node, or use executor: local (--executor local)",
+        )
+
+
+def check_partition_capacity(spec: StudySpec, nodes: int, gpus_per_node: int, cpus_per_node: int) -> None:
+    """Refuse, before submitting, a job that the partition can never run (it would pend forever)."""
+    args = ["sinfo", "-h", "-N", "-o", "%N|%c|%G"]
+    if spec.resources.partition:
+        args += ["-p", spec.resources.partition]
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return  # no sinfo answer: let sbatch judge
+    capacity: dict[str, tuple[int, int]] = {}
+    for line in out.splitlines():
+        name, cpus, gres = [*line.split("|"), "", ""][:3]
+        gpus = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", gres))
+        capacity[name] = (int(cpus) if cpus.isdigit() else 0, gpus)
+    where = f"partition {spec.resources.partition}" if spec.resources.partition else "the default partition"
+    if not capacity:
+        raise NotReadyError(
+            f"{spec.source}: resources.partition: {where} has no nodes",
+            "`sinfo -s` lists the partitions; set resources.partition",
+        )
+    fitting = [n for n, (cpus, gpus) in capacity.items() if cpus >= cpus_per_node and gpus >= gpus_per_node]
+    if len(fitting) < nodes:
+        most_gpus = max(gpus for _, gpus in capacity.values())
+        most_cpus = max(cpus for cpus, _ in capacity.values())
+        raise NotReadyError(
+            f"{spec.source}: resources: a job needs {nodes} nodes with {gpus_per_node} GPUs and "
+            f"{cpus_per_node} CPUs each; {where} has {len(capacity)} nodes, {len(fitting)} of them "
+            f"big enough (at most {most_gpus} GPUs and {most_cpus} CPUs per node)",
+            "ask for less in resources, or choose another resources.partition",
+        )
+
+
+def check_local_data(spec: StudySpec) -> None:
+    """Trials that run here read the dataset from here: it must be on disk before they start."""
+    from trainer.config import TrainConfig
+    from trainer.errors import ConfigError
+    from trainer.sources import check_data_available
+
+    try:
+        config = TrainConfig.from_mapping(spec.trainer)
+    except ConfigError as err:
+        raise StudyFileError(f"{spec.source}: trainer: {err}") from None
+    if config.resolved_data_root is None:
+        raise StudyFileError(f"{spec.source}: trainer.data_root: is required for dataset {config.dataset!r}")
+    try:
+        check_data_available(config)
+    except ConfigError as err:
+        raise NotReadyError(
+            f"{spec.source}: trainer: {err}", "install the dataset, or point trainer.data_root at it"
+        ) from None

@@ -1,0 +1,264 @@
+"""What every dispatch mode shares: opening the study for a launch, the trials in flight, how a
+trial's end is seen and logged, and the summary at the end.
+
+Asynchronous dispatch: the moment a trial ends, the next one is asked and submitted; there are no
+synchronous batches leaving GPUs idle. A trial's end is seen in the storage, where the trial
+process told it (fast, no sacct round trip); a job that died without telling is seen through its
+result file or Slurm's state, and its trial is failed with that state as the reason.
+
+Relaunching a study resumes it: the budget counts the trials already stored, and trials still
+running in jobs are re-attached through the job ids stored on them, never submitted twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from hpo import record, search
+from hpo.observe.progress import Progress
+from hpo.slurm import executors
+from hpo.storage import StorageRef, check_reachable
+from hpo.trial.objective import Objective, TrainerObjective
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.storages import BaseStorage
+
+    from hpo.config import StudySpec
+
+
+@dataclasses.dataclass
+class LaunchOptions:
+    executor: str
+    workers: int | None = None
+    objective: Objective = dataclasses.field(default_factory=TrainerObjective)
+    poll_interval_s: float = 0.25
+    progress: bool = True
+    """A live progress line (plain lines when not on a terminal)."""
+
+
+@dataclasses.dataclass
+class InFlight:
+    """A trial whose job this launcher watches."""
+
+    number: int
+    trial_id: int
+    job_id: str
+    executor: str
+    tasks: int
+    job: Any = None
+    """The submitit job; None for a local process re-attached by pid after a relaunch."""
+
+
+@dataclasses.dataclass
+class LaunchSummary:
+    counts: dict[str, int]
+    best_number: int | None
+    best_value: float | None
+    best_params: dict[str, Any]
+
+
+Log = Callable[[str], None]
+
+
+def open_study(
+    spec: StudySpec, storage: StorageRef, *, reseed: bool = True
+) -> tuple[optuna.Study, BaseStorage]:
+    """The launch set-up every backend shares: the storage reached (its schema created), the study
+    created or resumed with its directions checked against the file and its metric named. Returns
+    the study and the opened storage (the Ray backend's searcher writes through the same one)."""
+    backend = check_reachable(storage, spec.source)
+    study = search.load(spec, backend, create=True)
+    search.check_direction(study, spec)
+    search.name_objective(study, spec)
+    if reseed:
+        # A relaunch continues the seeded sequence elsewhere instead of replaying its first proposals.
+        search.reseed_sampler(study, spec, seed_stream=len(study.get_trials(deepcopy=False)))
+    return study, backend
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while a job is submitted and its id stored: a launcher stopped in
+    between would leave a job that no stored trial points to. (A signal mask would not do: the
+    kernel may hand the signal to another thread, and Python still raises in the main one.)"""
+    held: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if held:
+        raise KeyboardInterrupt
+
+
+class Dispatcher:
+    """What both dispatch modes share: the trials in flight, their end, the budget, the log."""
+
+    def __init__(
+        self,
+        spec: StudySpec,
+        storage: StorageRef,
+        study: optuna.Study,
+        options: LaunchOptions,
+        log: Log,
+        deadline: float | None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.spec = spec
+        self.storage = storage
+        self.study = study
+        self.options = options
+        self.log = log
+        self.deadline = deadline
+        self.started = time.time()
+        self.space = search.distributions(spec)
+        self.in_flight: list[InFlight] = []
+        self.slurm = executors.SlurmStates()
+        self.best: float | None = None
+        self.progress = progress
+
+    def _accepting(self) -> bool:
+        """Whether new trials may start: not past the timeout, no `hpo cancel` since this launch."""
+        if self.deadline is not None and time.time() >= self.deadline:
+            return False
+        return record.cancel_requested_at(self.study) < self.started
+
+    def _take_over_running_trials(self, per_trial: bool) -> set[str]:
+        """Deal with the trials a previous launcher left RUNNING: re-attach per-trial jobs that
+        still run (``per_trial``), fail those whose job is gone. Returns the job ids of live workers."""
+        import optuna
+
+        live_workers: set[str] = set()
+        for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            executor = trial.user_attrs.get(record.ATTR_EXECUTOR)
+            job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
+            if job_id is None:
+                if executor in ("slurm", "local"):
+                    self._fail(trial.number, "never submitted: the launcher stopped between ask and submit")
+                continue  # a worker's trial between ask and start: its worker tells it
+            job_id = str(job_id)
+            kind = str(trial.user_attrs.get(record.ATTR_JOB_KIND, executor))
+            entry = InFlight(
+                trial.number, record.trial_id(trial), job_id, kind, self.spec.resources.world_size
+            )
+            if kind == "slurm":
+                entry.job = executors.slurm_job(self.spec, job_id)
+            if self._ended(entry):
+                self._fail(trial.number, self._end_reason(entry))
+            elif executor == "worker":
+                live_workers.add(job_id)
+            elif per_trial:
+                self.in_flight.append(entry)
+                self.log(f"trial {trial.number} re-attached to {kind} job {job_id}")
+        return live_workers
+
+    def _ended(self, entry: InFlight) -> bool:
+        if entry.job is None:
+            return not executors.local_process_alive(entry.job_id)
+        if entry.executor == "slurm":
+            return self.slurm.ended(entry.job)
+        return bool(entry.job.done())
+
+    def _end_reason(self, entry: InFlight) -> str:
+        if entry.job is None:
+            return f"local process {entry.job_id} exited without telling a result"
+        state = self.slurm.state(entry.job) if entry.executor == "slurm" else "exited"
+        detail = executors.error_line(self.spec, entry.job_id, entry.tasks)
+        return f"job {entry.job_id} {state} without telling a result" + (f": {detail}" if detail else "")
+
+    def _fail(self, number: int, reason: str, out_of_memory: bool = False) -> None:
+        # These raise if the trial's own process told it meanwhile: then its state stands.
+        with contextlib.suppress(RuntimeError, ValueError):
+            if out_of_memory:
+                record.tell_infeasible(self.study, number, reason, search.directions(self.spec))
+                return
+            record.fail(self.study, number, reason)
+
+    def _report(self, trial: optuna.trial.FrozenTrial) -> None:
+        state = trial.state.name
+        if state == "COMPLETE" and trial.values and not trial.user_attrs.get(record.ATTR_INFEASIBLE):
+            value = trial.values[0]
+            better = self.best is None or (
+                value > self.best if self.spec.study.direction == "maximize" else value < self.best
+            )
+            if better:
+                self.best = value
+            note = " (best so far)" if better else ""
+            cost = (
+                f" {self.spec.study.also_minimize}={trial.values[1]:.4g}"
+                if self.spec.study.also_minimize
+                else ""
+            )
+            self.log(f"trial {trial.number} COMPLETE: {self.spec.study.metric}={value:.4f}{cost}{note}")
+        elif state == "PRUNED":
+            step = max(trial.intermediate_values) if trial.intermediate_values else 0
+            value = record.metric_value(trial)
+            shown = f"{value:.4f}" if value is not None else "-"
+            self.log(f"trial {trial.number} PRUNED at epoch {step}: {self.spec.study.metric}={shown}")
+        elif trial.user_attrs.get(record.ATTR_INFEASIBLE):
+            self.log(f"trial {trial.number} infeasible: {trial.user_attrs.get(record.ATTR_FAIL_REASON, '')}")
+        else:
+            self.log(f"trial {trial.number} {state}: {trial.user_attrs.get(record.ATTR_FAIL_REASON, '')}")
+
+    def _counted(self) -> int:
+        import optuna
+
+        return sum(1 for t in record.counted_trials(self.study) if t.state != optuna.trial.TrialState.WAITING)
+
+    # --- --workers ----------------------------------------------------------------------------
+    def _queue_retries(self) -> None:
+        queue_retries(self.study, self.spec, self.log)
+
+    def report_interrupted(self) -> None:
+        if not self.in_flight:
+            return
+        numbers = ", ".join(str(entry.number) for entry in self.in_flight)
+        if self.options.executor == "slurm":
+            self.log(f"launcher stopped; trials {numbers} keep running as Slurm jobs: `hpo launch` again "
+                     "re-attaches to them, `hpo cancel` stops them")  # fmt: skip
+        else:
+            self.log(f"launcher stopped while trials {numbers} ran; `hpo launch` again resumes the study")
+
+
+def queue_retries(study: optuna.Study, spec: StudySpec, log: Log) -> None:
+    for number in record.queue_retries(study, spec.study.max_retries):
+        log(f"trial {number} failed: queued a retry with the same parameters")
+
+
+def worker_entry(job: Any, executor: str) -> InFlight:
+    return InFlight(-1, -1, str(job.job_id), executor, 1, job)
+
+
+def summarize(study: optuna.Study, spec: StudySpec, log: Log = print) -> LaunchSummary:
+    counts: dict[str, int] = {}
+    for trial in study.get_trials(deepcopy=False):
+        if trial.user_attrs.get(record.ATTR_SURPLUS):
+            continue
+        counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
+    summary = LaunchSummary(counts=counts, best_number=None, best_value=None, best_params={})
+    log("trials: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    best = record.best_trial(study, spec)
+    if best is None:
+        log("no trial completed")
+        return summary
+    summary.best_number, summary.best_value, summary.best_params = (
+        best.number,
+        best.values[0],
+        dict(best.params),
+    )
+    front = record.pareto_front(study, spec)
+    if front:
+        log(f"Pareto front ({' vs '.join(search.objective_names(spec))}): " + ", ".join(
+            f"trial {t.number} ({', '.join(f'{v:.4g}' for v in t.values)})" for t in front
+        ))  # fmt: skip
+    log(f"best trial {best.number}: value={best.values[0]:.4f} {record.format_params(best.params)}")
+    return summary

@@ -1,0 +1,51 @@
+"""``hpo launch`` on the Optuna backend: keep trials in flight until the budget is met, as per-trial
+jobs or as ``--workers``, then summarize."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from hpo import record
+from hpo.dispatch.common import LaunchOptions, LaunchSummary, Log, open_study, queue_retries, summarize
+from hpo.dispatch.per_trial import PerTrialDispatcher
+from hpo.dispatch.workers import WorkerDispatcher
+from hpo.observe.progress import Progress
+from hpo.paths import private_dir
+from hpo.storage import StorageRef, mask
+
+if TYPE_CHECKING:
+    from hpo.config import StudySpec
+
+__all__ = ["LaunchOptions", "LaunchSummary", "launch", "summarize"]
+
+
+def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Log = print) -> LaunchSummary:
+    private_dir(spec.workdir)  # logs, checkpoints, submitit's pickles: the owner's only
+    study, _ = open_study(spec, storage)
+    stored = len(record.counted_trials(study))
+    enqueued = record.enqueue_first_trials(study, spec)
+    log(
+        f"study {spec.study.name!r} in {mask(str(storage))}: {stored} of {spec.study.n_trials} trials stored"
+        + (f", {enqueued} enqueued to run first" if enqueued else "")
+    )
+    # Failures told while no launcher watched (a trial failing after a launcher was stopped).
+    queue_retries(study, spec, log)
+    deadline = None if spec.study.timeout_min is None else time.time() + 60 * spec.study.timeout_min
+    progress = Progress(spec, study, deadline, log) if options.progress else None
+    shown = progress.log if progress else log
+    dispatcher: PerTrialDispatcher | WorkerDispatcher
+    try:
+        if options.workers:
+            dispatcher = WorkerDispatcher(spec, storage, study, options, shown, deadline, progress)
+            dispatcher.run(options.workers)
+        else:
+            dispatcher = PerTrialDispatcher(spec, storage, study, options, shown, deadline, progress)
+            dispatcher.run()
+    except KeyboardInterrupt:
+        dispatcher.report_interrupted()
+        raise
+    finally:
+        if progress:
+            progress.close()
+    return summarize(study, spec, log)

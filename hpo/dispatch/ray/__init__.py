@@ -1,0 +1,1 @@
+"""The Ray backend: Ray Tune inside one Slurm allocation (or a local Ray instance), same storage."""

@@ -1,0 +1,66 @@
+"""The adapter to Ray Tune's ``OptunaSearch``: Tune's trials written to the study as the Optuna
+backend writes them. The only code that touches ``OptunaSearch``'s internals (``_ot_trials``,
+``_ot_study``, ``_completed_trials``), which no public API exposes; a Ray upgrade that renames them
+breaks here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hpo import record, search
+
+if TYPE_CHECKING:
+    from hpo.config import StudySpec
+
+
+def study_search(spec: StudySpec, storage: Any, epochs: int, job_id: str) -> Any:
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    class StudySearch(OptunaSearch):
+        """OptunaSearch records a trial that Tune's scheduler stopped early as COMPLETE; here it
+        is PRUNED, as with the Optuna backend, and carries the same attributes."""
+
+        def suggest(self, trial_id: str) -> dict[str, Any] | None:
+            config: dict[str, Any] | None = super().suggest(trial_id)
+            ot_trial = self._ot_trials.get(trial_id)
+            if ot_trial is not None:  # where it runs, visible while it runs (hpo status, hpo cancel)
+                started = {record.ATTR_STARTED_AT: record.now_iso()}
+                record.set_attrs(
+                    ot_trial, {record.ATTR_EXECUTOR: "ray", record.ATTR_JOB_ID: job_id, **started}
+                )
+            return config
+
+        def on_trial_complete(
+            self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+        ) -> None:
+            if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+                return
+            ot_trial = self._ot_trials[trial_id]
+            value = None if not result else result.get(self.metric)
+            epochs_done = int(result.get("training_iteration", 0)) if result else 0
+            attrs = record.tune_result_attrs(result, epochs_done, error)
+            record.set_attrs(ot_trial, {record.ATTR_EXECUTOR: "ray", record.ATTR_JOB_ID: job_id, **attrs})
+            if value is not None and epochs_done:
+                # Tune hands the last epoch's result to on_trial_complete, not on_trial_result.
+                ot_trial.report(float(value), epochs_done)
+            study = self._ot_study
+            assert study is not None  # set up before the first trial is suggested
+            if error or value is None:
+                study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
+            elif epochs_done < epochs:
+                study.tell(ot_trial, state=optuna.trial.TrialState.PRUNED)
+            else:
+                study.tell(ot_trial, float(value))
+            self._completed_trials.add(trial_id)
+
+    sampler = search.build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source)
+    return StudySearch(
+        space=search.distributions(spec),
+        metric=spec.study.metric,
+        mode="max" if spec.study.direction == "maximize" else "min",
+        sampler=sampler,
+        study_name=spec.study.name,
+        storage=storage,
+    )

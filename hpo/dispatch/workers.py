@@ -1,0 +1,100 @@
+"""``--workers``: K long-running worker jobs (one job array) that pull trials until the budget is met."""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from typing import Any
+
+from hpo import record
+from hpo.dispatch.common import Dispatcher, signals_deferred, worker_entry
+from hpo.errors import LaunchError, one_line
+from hpo.slurm import executors
+from hpo.storage import with_retries
+from hpo.trial.worker import WorkerTask
+
+
+class WorkerDispatcher(Dispatcher):
+    """Keeps the worker jobs going and reports the trials they finish."""
+
+    def run(self, count: int) -> None:
+        """Keep ``count`` worker jobs pulling trials until the budget is met. Workers that end
+        (time limit, failure) are replaced while trials remain, as long as a round makes progress."""
+        live = self._take_over_running_trials(per_trial=False)
+        if live:
+            self.log(f"{len(live)} workers of an earlier launch still run: {', '.join(sorted(live))}")
+        seen = {t.number for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()}
+        while self._counted() < self.spec.study.n_trials and self._accepting():
+            wanted = min(count - len(live), self.spec.study.n_trials - self._counted())
+            jobs = self._submit_workers(wanted) if wanted > 0 else []
+            finished_before = len(seen)
+            while not all(self._ended(worker_entry(job, self.options.executor)) for job in jobs):
+                seen = with_retries(functools.partial(self._report_new, seen), "launcher round", self.log)
+                time.sleep(self.options.poll_interval_s)
+            seen = with_retries(functools.partial(self._report_new, seen), "launcher round", self.log)
+            self._fail_orphans(jobs)
+            seen = self._report_new(seen)
+            live = set()  # the earlier launch's workers are not waited for twice
+            if len(seen) == finished_before and self._counted() < self.spec.study.n_trials:
+                raise LaunchError(
+                    f"{len(jobs)} workers ended without finishing a trial; see their logs in {executors.jobs_folder(self.spec)}"
+                )
+
+    def _submit_workers(self, count: int) -> list[Any]:
+        res = self.spec.resources
+        # Enough time for the worker's share of the budget, within the study's timeout if any.
+        share = math.ceil((self.spec.study.n_trials - self._counted()) / count)
+        time_min = res.worker_time_min or min(24 * 60, res.time_min * share)
+        if self.deadline is not None:
+            time_min = max(
+                res.time_min, min(time_min, math.ceil((self.deadline - time.time()) / 60) + res.time_min)
+            )
+        executor = executors.make_executor(
+            self.spec,
+            self.options.executor,
+            job_name=f"hpo-{self.spec.study.name}-worker",
+            array_parallelism=count,
+            time_min=time_min,
+        )
+        task = WorkerTask(
+            self.spec,
+            self.storage,
+            self.deadline,
+            self.options.objective,
+            started=self.started,
+            time_limit_min=time_min,
+        )
+        try:
+            with signals_deferred(), executor.batch():
+                jobs = [executor.submit(task) for _ in range(count)]
+        except Exception as err:
+            raise LaunchError(f"worker submission failed: {one_line(err, last=True, name=False)}") from None
+        self.log(
+            f"{count} workers submitted as {self.options.executor} jobs {', '.join(str(j.job_id) for j in jobs)} ({time_min} min each)"
+        )
+        return jobs
+
+    def _report_new(self, seen: set[int]) -> set[int]:
+        failed = False
+        for trial in self.study.get_trials(deepcopy=False):
+            if trial.state.is_finished() and trial.number not in seen:
+                seen.add(trial.number)
+                if not trial.user_attrs.get(record.ATTR_SURPLUS):
+                    self._report(trial)
+                    failed = failed or trial.state.name == "FAIL"
+        if failed:
+            self._queue_retries()
+        if self.progress:
+            self.progress.tick()
+        return seen
+
+    def _fail_orphans(self, jobs: list[Any]) -> None:
+        """A worker that died mid-trial leaves that trial RUNNING: fail it with the worker's end."""
+        import optuna
+
+        by_id = {str(job.job_id): job for job in jobs}
+        for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            job = by_id.get(str(trial.user_attrs.get(record.ATTR_JOB_ID)))
+            if job is not None:
+                self._fail(trial.number, self._end_reason(worker_entry(job, self.options.executor)))

@@ -1,0 +1,332 @@
+"""The trial record: every attribute the service writes on trials and studies, and the only code
+that writes them or reaches into Optuna's storage.
+
+A study's state is what its storage holds: Optuna's trial states and values, plus the attributes
+below (shown by ``hpo status``, the report and optuna-dashboard). Launchers, trial processes, the
+Ray driver and the views all read and write them through this module, so that an attribute has
+one name, the budget one rule, and Optuna's private API (``study._storage``, ``trial._trial_id``)
+one place to change when Optuna changes.
+
+Retries: a trial that fails (an exception in the trial, its job cancelled outside the service, its
+node lost, its job gone from Slurm) is retried up to ``study.max_retries`` times as a new trial in
+the WAITING state with the same parameters, that the next ``ask`` takes before any new proposal.
+It records what it retries in the system attributes Optuna's own
+``RetryHeartbeatStaleTrialCallback`` writes (``failed_trial``, ``retry_history``), so Optuna's
+helpers read them, plus a ``retry_of`` user attribute that optuna-dashboard shows, and inherits the
+failed trial's intermediate values. Retries are queued by whoever watches the study (the launcher,
+or the Ray driver) from the stored FAIL trials, so a failure told while no launcher ran is retried
+by the next one, and each failure is retried once however many times the scan runs.
+
+A trial that runs out of GPU (or host) memory would fail again with the same parameters: it is
+told COMPLETE with the worst value and an ``out_of_memory`` constraint of 1, which Optuna counts
+as infeasible. The samplers learn from it (TPE ranks infeasible trials below feasible ones) and
+``best_trial`` never picks it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
+
+    from hpo.config import StudySpec
+
+# Trial user attributes written by the service (shown by `hpo status` and optuna-dashboard).
+ATTR_JOB_ID = "job_id"
+ATTR_EXECUTOR = "executor"
+ATTR_JOB_FOLDER = "job_folder"
+ATTR_NODES = "nodes"
+ATTR_ELAPSED_S = "elapsed_s"
+ATTR_FAIL_REASON = "fail_reason"
+ATTR_ASKED_AT = "asked_at"
+ATTR_STARTED_AT = "started_at"
+ATTR_FINISHED_AT = "finished_at"
+ATTR_EPOCHS = "epochs_completed"
+ATTR_IMAGES_PER_S = "images_per_s"
+# Accuracy on the held-out test images (trainer.test_held_out), for the completed trials.
+ATTR_TEST_ACCURACY = "test_accuracy"
+ATTR_SURPLUS = "surplus"
+ATTR_JOB_KIND = "job_kind"
+"""slurm or local: where a --workers worker (executor "worker") runs."""
+ATTR_INFEASIBLE = "infeasible"
+"""Set on a trial that ran out of memory (see tell_infeasible)."""
+ATTR_GPU_HOURS = "gpu_hours"
+ATTR_EPOCH_TIME_S = "epoch_time_s"
+"""Mean seconds per epoch (training and validation) of the trial's last run."""
+ATTR_CURVE = "epoch_values"
+"""{epoch: metric} after each epoch, in a multi-objective study (which takes no intermediate values)."""
+ATTR_CPU_HOURS = "cpu_hours"
+ATTR_RESUMED_FROM = "resumed_from_epoch"
+"""The epoch whose checkpoint the trial's last run resumed from (after a requeue, or a retry)."""
+ATTR_RESTARTS = "restarts"
+"""How many times Slurm requeued the trial's job (preemption, time limit, node failure)."""
+# Trial system attributes of a retry: the names Optuna's RetryHeartbeatStaleTrialCallback uses.
+SYSTEM_ATTR_FAILED_TRIAL = "failed_trial"
+SYSTEM_ATTR_RETRY_HISTORY = "retry_history"
+REASON_CANCELLED = "cancelled by hpo cancel"
+# Study user attributes.
+STUDY_ATTR_CANCEL = "hpo_cancel_requested_at"
+STUDY_ATTR_RAY_JOB = "hpo_ray_job"
+"""The Slurm job id of a Ray-backed study's allocation."""
+STUDY_ATTR_ENQUEUED = "hpo_enqueued"
+ATTR_RETRY_OF = "retry_of"
+"""The number of the failed trial a retry repeats."""
+# Population Based Training (Ray backend): what PBT changed, and the values a member ended with.
+ATTR_SCHEDULE = "pbt_schedule"
+ATTR_FINAL_PARAMS = "pbt_final_params"
+CONSTRAINT_MEMORY = "out_of_memory"
+# A failure that a retry cannot help: the user stopped the study.
+_NOT_RETRIED_PREFIXES = (REASON_CANCELLED,)
+
+
+def now_iso() -> str:
+    """The timestamp format of the ``*_at`` attributes."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+# --------------------------------------------------------------------------------------------------
+# Optuna's private storage API: here only
+# --------------------------------------------------------------------------------------------------
+
+
+def trial_id(trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
+    """The storage's id of a trial (Optuna keeps it private; the number is per study)."""
+    return int(trial._trial_id)
+
+
+def read_trial(study: optuna.Study, trial_id: int) -> optuna.trial.FrozenTrial:
+    """A trial as stored now, read through the study's own connection pool."""
+    return study._storage.get_trial(trial_id)
+
+
+def attach(study: optuna.Study, trial_number: int) -> optuna.Trial | None:
+    """The running trial with this number, or None if it already ended."""
+    import optuna
+
+    storage = study._storage  # the study's own storage object: no second connection pool
+    study_id = storage.get_study_id_from_name(study.study_name)
+    found = storage.get_trial_id_from_study_id_trial_number(study_id, trial_number)
+    if storage.get_trial(found).state != optuna.trial.TrialState.RUNNING:
+        return None
+    return optuna.Trial(study, found)
+
+
+def fail(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial | int, reason: str) -> None:
+    """Fail a trial with its reason, whoever holds it (a FrozenTrial cannot set attributes).
+    Raises RuntimeError or ValueError if the trial was told meanwhile: then its state stands."""
+    import optuna
+
+    number, found = _ids(study, trial)
+    study._storage.set_trial_user_attr(found, ATTR_FAIL_REASON, reason)
+    study.tell(number, state=optuna.trial.TrialState.FAIL)
+
+
+def _ids(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial | int) -> tuple[int, int]:
+    if isinstance(trial, int):
+        storage = study._storage
+        found = storage.get_trial_id_from_study_id_trial_number(
+            storage.get_study_id_from_name(study.study_name), trial
+        )
+        return trial, found
+    return trial.number, trial_id(trial)
+
+
+# --------------------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------------------
+
+
+def set_attr(trial: optuna.Trial, key: str, value: Any) -> None:
+    """Write one trial attribute (it can no longer be set once the trial is told)."""
+    trial.set_user_attr(key, value)
+
+
+def set_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+
+
+def tune_result_attrs(result: Mapping[str, Any] | None, epochs_done: int, error: bool) -> dict[str, Any]:
+    """The attributes of a finished Ray Tune trial, from its last result (both Ray recorders)."""
+    attrs: dict[str, Any] = {ATTR_FINISHED_AT: now_iso(), ATTR_EPOCHS: epochs_done}
+    if result:
+        attrs[ATTR_NODES] = result.get("node", "")
+        attrs[ATTR_ELAPSED_S] = round(float(result.get("time_total_s", 0.0)), 3)
+        attrs[ATTR_IMAGES_PER_S] = result.get("images_per_s")
+        if result.get("test_accuracy") is not None:
+            attrs[ATTR_TEST_ACCURACY] = result["test_accuracy"]
+    if error:
+        attrs[ATTR_FAIL_REASON] = "the Tune trial raised an error (see its log under ray_results)"
+    return attrs
+
+
+def mark_surplus(study: optuna.Study, trial: optuna.Trial) -> None:
+    """Close a trial asked beyond the budget unrun; the budget does not count it."""
+    import optuna
+
+    trial.set_user_attr(ATTR_SURPLUS, True)
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+
+def request_cancel(study: optuna.Study, at_unix: float) -> None:
+    study.set_user_attr(STUDY_ATTR_CANCEL, at_unix)
+
+
+def set_ray_job(study: optuna.Study, job_id: str) -> None:
+    study.set_user_attr(STUDY_ATTR_RAY_JOB, job_id)
+
+
+def ray_job(study: optuna.Study) -> str | None:
+    job = study.user_attrs.get(STUDY_ATTR_RAY_JOB)
+    return str(job) if job else None
+
+
+def worst_value(direction: str | None) -> float:
+    """The value an infeasible trial is told with: below any accuracy, above any loss."""
+    return 0.0 if direction == "maximize" else math.inf
+
+
+def tell_infeasible(
+    study: optuna.Study,
+    trial: optuna.Trial | optuna.trial.FrozenTrial | int,
+    reason: str,
+    directions: list[str],
+) -> None:
+    """Tell a trial that ran out of memory: COMPLETE, worst values, memory constraint violated."""
+    import optuna
+
+    number, found = _ids(study, trial)
+    live = optuna.Trial(study, found)
+    live.set_constraint(CONSTRAINT_MEMORY, 1.0)
+    live.set_user_attr(ATTR_FAIL_REASON, reason)
+    live.set_user_attr(ATTR_INFEASIBLE, True)
+    study.tell(number, [worst_value(direction) for direction in directions])
+
+
+def retry_history(trial: optuna.trial.FrozenTrial) -> list[int]:
+    return list(trial.system_attrs.get(SYSTEM_ATTR_RETRY_HISTORY, []))
+
+
+def queue_retries(study: optuna.Study, max_retries: int) -> list[int]:
+    """Queue a retry of every FAIL trial that has none yet and has retries left; returns the
+    numbers of the trials retried."""
+    import optuna
+
+    trials = study.get_trials(deepcopy=False)
+    already = retried_numbers(trials)
+    retried = []
+    for trial in trials:
+        if trial.state != optuna.trial.TrialState.FAIL or trial.number in already:
+            continue
+        if trial.user_attrs.get(ATTR_SURPLUS) or not trial.params:
+            continue  # closed unrun, or failed before it had parameters: nothing to repeat
+        if str(trial.user_attrs.get(ATTR_FAIL_REASON, "")).startswith(_NOT_RETRIED_PREFIXES):
+            continue
+        history = [*retry_history(trial), trial.number]
+        if len(history) > max_retries:
+            continue
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=optuna.trial.TrialState.WAITING,
+                params=dict(trial.params),
+                distributions=dict(trial.distributions),
+                user_attrs={
+                    ATTR_RETRY_OF: trial.number,
+                    # A multi-objective trial's curve, as intermediate values are for the others.
+                    **({ATTR_CURVE: trial.user_attrs[ATTR_CURVE]} if ATTR_CURVE in trial.user_attrs else {}),
+                },
+                system_attrs={SYSTEM_ATTR_FAILED_TRIAL: history[0], SYSTEM_ATTR_RETRY_HISTORY: history},
+                intermediate_values=dict(trial.intermediate_values),
+            )
+        )
+        retried.append(trial.number)
+    return retried
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading: the budget, the curve, the best trial
+# --------------------------------------------------------------------------------------------------
+
+
+def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The trials that use up the budget: all of them, except surplus ones closed unrun and
+    failed ones whose retry (queued or run) takes their place."""
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    return [t for t in trials if not t.user_attrs.get(ATTR_SURPLUS) and t.number not in retried]
+
+
+def retried_numbers(trials: list[optuna.trial.FrozenTrial]) -> set[int]:
+    """The numbers of the trials that have a retry."""
+    return {
+        t.system_attrs[SYSTEM_ATTR_RETRY_HISTORY][-1]
+        for t in trials
+        if t.system_attrs.get(SYSTEM_ATTR_RETRY_HISTORY)
+    }
+
+
+def started_count(study: optuna.Study) -> int:
+    """Trials of the budget that have started (counted, not WAITING): what a launcher compares
+    with ``n_trials``."""
+    return sum(1 for t in counted_trials(study) if t.state.name != "WAITING")
+
+
+def cancel_requested_at(study: optuna.Study) -> float:
+    """When `hpo cancel` last ran on the study (unix time; 0 if never): launchers and workers
+    started before it take no new trial."""
+    return float(study.user_attrs.get(STUDY_ATTR_CANCEL, 0.0))
+
+
+def enqueue_first_trials(study: optuna.Study, spec: StudySpec) -> int:
+    """Enqueue ``study.enqueue`` once per study (a relaunch must not enqueue them again)."""
+    if not spec.study.enqueue or study.user_attrs.get(STUDY_ATTR_ENQUEUED):
+        return 0
+    for params in spec.study.enqueue:
+        study.enqueue_trial(params, skip_if_exists=True)
+    study.set_user_attr(STUDY_ATTR_ENQUEUED, True)
+    return len(spec.study.enqueue)
+
+
+def curve(trial: optuna.trial.FrozenTrial) -> dict[int, float]:
+    """The metric after each epoch: Optuna's intermediate values, or the attribute that holds
+    them in a multi-objective study."""
+    if trial.intermediate_values:
+        return dict(trial.intermediate_values)
+    return {int(epoch): float(v) for epoch, v in trial.user_attrs.get(ATTR_CURVE, {}).items()}
+
+
+def metric_value(trial: optuna.trial.FrozenTrial) -> float | None:
+    """The trial's metric: its (first) objective value, else its last reported one."""
+    if trial.values:
+        return trial.values[0]
+    values = curve(trial)
+    return values[max(values)] if values else None
+
+
+def best_trial(study: optuna.Study, spec: StudySpec) -> optuna.trial.FrozenTrial | None:
+    """The best trial; in a multi-objective study, the one of the Pareto front best in the metric."""
+    if not spec.study.also_minimize:
+        try:
+            return study.best_trial
+        except ValueError:
+            return None
+    front = study.best_trials
+    if not front:
+        return None
+    pick = max if spec.study.direction == "maximize" else min
+    return pick(front, key=lambda t: t.values[0])
+
+
+def pareto_front(study: optuna.Study, spec: StudySpec) -> list[optuna.trial.FrozenTrial]:
+    """The multi-objective study's non-dominated trials, best metric first; [] for one objective."""
+    if not spec.study.also_minimize:
+        return []
+    return sorted(study.best_trials, key=lambda t: t.values[0], reverse=spec.study.direction == "maximize")
+
+
+def format_params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())

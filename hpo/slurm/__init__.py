@@ -1,0 +1,1 @@
+"""Slurm specifics: submitit executors and cluster checks, sacct accounting, the detached launcher."""

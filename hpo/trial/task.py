@@ -1,0 +1,204 @@
+"""What runs inside a trial's job: one trial, on every rank of the job.
+
+The launcher asks Optuna for a trial and submits :class:`TrialTask` (pickled by submitit). On
+every rank the task builds the trainer config from the trial's parameters; rank 0 alone opens the
+storage, reports the metric each epoch, asks ``should_prune`` and tells the final state; the trainer
+broadcasts rank 0's decision so that every rank stops at the same epoch.
+
+The trial process tells its own final state, so a result is stored even if the launcher is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from hpo import record, search
+from hpo.slurm import accounting
+from hpo.storage import StorageRef, open_storage, with_retries
+from hpo.trial import retries
+from hpo.trial.objective import Objective, TrainerObjective
+from hpo.trial.reporter import OptunaReporter
+
+if TYPE_CHECKING:
+    import optuna
+
+    from hpo.config import StudySpec
+
+
+@dataclasses.dataclass
+class TrialTask:
+    """One trial, submitted as one job (one process per task; DDP across them)."""
+
+    spec: StudySpec
+    storage: StorageRef
+    trial_number: int
+    params: dict[str, Any]
+    """Sampled by the launcher before submission; every rank builds its config from them."""
+    objective: Objective = dataclasses.field(default_factory=TrainerObjective)
+
+    def __call__(self) -> dict[str, Any]:
+        rank = _export_rank_environment()
+        if rank != 0:
+            result = self.objective(self.spec, self.trial_number, dict(self.params), None)
+            return {"rank": rank, "value": result.value, "pruned": result.pruned}
+        study = with_retries(
+            lambda: search.load(self.spec, open_storage(self.storage, create=False), create=False),
+            "load the study",
+        )
+        trial = with_retries(lambda: record.attach(study, self.trial_number), "attach")
+        if trial is None:
+            message = f"trial {self.trial_number} is already finished in the study; nothing to run"
+            print(message, flush=True)
+            if self.spec.resources.world_size > 1:
+                # The other ranks are already starting to train: a failing rank 0 makes srun
+                # (--kill-on-bad-exit) end them now rather than after the DDP timeout.
+                raise TrialAlreadyFinished(message)
+            return {"rank": 0, "skipped": True}
+        return run_attached(self.spec, study, trial, self.objective)
+
+    def checkpoint(self) -> Any:
+        """Called by submitit on the signal Slurm sends before a time limit or a preemption
+        (``--signal=USR2@90``): the trainer checkpoints every epoch, so the job only needs
+        requeueing with the same task; it resumes the same trial from its last epoch."""
+        import submitit
+
+        REQUEUE_REQUESTED.set()
+        return submitit.helpers.DelayedSubmission(self)
+
+
+REQUEUE_REQUESTED = threading.Event()
+"""Set when submitit is about to requeue this job: the SystemExit it raises is not a failure."""
+
+
+class TrialAlreadyFinished(RuntimeError):
+    """A trial job started for a trial that the study already holds as finished (a requeued job
+    whose trial the launcher failed meanwhile)."""
+
+
+def run_attached(
+    spec: StudySpec, study: optuna.Study, trial: optuna.Trial, objective: Objective
+) -> dict[str, Any]:
+    """Run a trial on rank 0: record where it runs, train while reporting, tell the end state."""
+    import optuna
+
+    started = time.monotonic()
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    record.set_attrs(
+        trial,
+        {
+            record.ATTR_STARTED_AT: record.now_iso(),
+            **({record.ATTR_RESTARTS: restarts} if restarts else {}),
+            **job_identity(),
+        },
+    )
+    print(f"rank 0 reporting to study {spec.study.name!r}, trial {trial.number}: {trial.params}", flush=True)
+    try:
+        reporter = OptunaReporter(trial, spec.study.metric, multi_objective=bool(spec.study.also_minimize))
+        result = objective(spec, trial.number, dict(trial.params), reporter)
+    except BaseException as err:
+        if REQUEUE_REQUESTED.is_set() and isinstance(err, SystemExit):
+            # submitit requeued the job (preemption or time limit): the trial stays RUNNING and
+            # the requeued job resumes it from its last checkpoint.
+            print(f"trial {trial.number} requeued; it resumes from its last checkpoint", flush=True)
+            raise
+        reason = _one_line(err)
+        if retries.is_out_of_memory(err):
+            _finish_attrs(spec, trial, started, {})
+            with_retries(
+                lambda: record.tell_infeasible(study, trial, reason, search.directions(spec)),
+                "tell",
+            )
+            print(f"trial {trial.number} infeasible (out of memory): {reason}", flush=True)
+            return {"rank": 0, "state": "INFEASIBLE", "value": record.worst_value(spec.study.direction)}
+        _finish_attrs(spec, trial, started, {record.ATTR_FAIL_REASON: reason})
+        _tell(study, trial, state=optuna.trial.TrialState.FAIL)
+        print(f"trial {trial.number} FAIL: {reason}", flush=True)
+        raise
+    attrs = _finish_attrs(spec, trial, started, result.attrs)
+    if result.pruned:
+        _tell(study, trial, state=optuna.trial.TrialState.PRUNED)
+        state = "PRUNED"
+    else:
+        cost = [cost_objective(spec, attrs)] if spec.study.also_minimize else []
+        _tell(study, trial, values=[result.value, *cost])
+        state = "COMPLETE"
+    print(f"trial {trial.number} {state}: {spec.study.metric}={result.value:.4f}", flush=True)
+    return {"rank": 0, "state": state, "value": result.value}
+
+
+def cost_objective(spec: StudySpec, attrs: dict[str, Any]) -> float:
+    """The second objective of a multi-objective study, from the trial's attributes: its last
+    run's GPU- or CPU-hours (elapsed time times its allocation) or its mean epoch time."""
+    if spec.study.also_minimize == "epoch_time_s" and record.ATTR_EPOCH_TIME_S not in attrs:
+        return float(attrs[record.ATTR_ELAPSED_S]) / max(1, int(attrs.get(record.ATTR_EPOCHS, 1)))
+    return float(attrs[str(spec.study.also_minimize)])
+
+
+def _finish_attrs(
+    spec: StudySpec, trial: optuna.Trial, started: float, attrs: dict[str, Any]
+) -> dict[str, Any]:
+    # Attributes can no longer be set once the trial is told, so they are written just before.
+    elapsed = time.monotonic() - started
+    gpus, cpus = accounting.own_allocation(spec)
+    attrs = {
+        **attrs,
+        record.ATTR_ELAPSED_S: round(elapsed, 3),
+        record.ATTR_FINISHED_AT: record.now_iso(),
+        # This run's cost, for optuna-dashboard; `hpo status` and reports take sacct's figures.
+        record.ATTR_GPU_HOURS: round(elapsed * gpus / 3600, 6),
+        record.ATTR_CPU_HOURS: round(elapsed * cpus / 3600, 6),
+    }
+
+    with_retries(lambda: record.set_attrs(trial, attrs), "set attributes")
+    return attrs
+
+
+def _tell(
+    study: optuna.Study, trial: optuna.Trial, *, values: list[float] | None = None, state: Any = None
+) -> None:
+    """Tell once: if a tell cut off by an outage had in fact been stored, the retry leaves it."""
+    with_retries(lambda: study.tell(trial.number, values, state=state, skip_if_finished=True), "tell")
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def job_identity() -> dict[str, str]:
+    """The Slurm job id and node list of this process (or the local controller's pid and host)."""
+    # submitit says which executor started us: a local trial on an interactive Slurm node also
+    # sees SLURM_JOB_ID, which is not its job.
+    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        array = os.environ.get("SLURM_ARRAY_JOB_ID")
+        job_id = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ["SLURM_JOB_ID"]
+        return {record.ATTR_JOB_ID: job_id, record.ATTR_NODES: os.environ.get("SLURM_JOB_NODELIST", "")}
+    return {
+        record.ATTR_JOB_ID: os.environ.get("SUBMITIT_LOCAL_JOB_ID", str(os.getpid())),
+        record.ATTR_NODES: socket.gethostname(),
+    }
+
+
+def _export_rank_environment() -> int:
+    """Make the trainer see its rank. Under srun it reads Slurm's variables itself; submitit's
+    local executor sets its own, which are translated to torchrun's for multi-process trials."""
+    if os.environ.get("SUBMITIT_LOCAL_NTASKS", "1") != "1":
+        import submitit
+
+        dist_env = submitit.helpers.TorchDistributedEnvironment()
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.update(
+            RANK=str(dist_env.rank),
+            WORLD_SIZE=str(dist_env.world_size),
+            LOCAL_RANK=str(dist_env.local_rank),
+            MASTER_PORT=str(dist_env.master_port),
+        )
+        return dist_env.rank
+    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+        return int(os.environ.get("SLURM_PROCID", "0"))
+    return 0

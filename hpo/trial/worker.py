@@ -1,0 +1,83 @@
+"""A ``--workers`` job: a long-running process that asks, runs and tells trials until the budget is met."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from hpo import record, search
+from hpo.storage import StorageRef, open_storage
+from hpo.trial import retries
+from hpo.trial.objective import Objective, TrainerObjective
+from hpo.trial.task import run_attached
+
+if TYPE_CHECKING:
+    from hpo.config import StudySpec
+
+
+@dataclasses.dataclass
+class WorkerTask:
+    """A long-running worker job (``--workers``): ask, run, tell, until the budget is met."""
+
+    spec: StudySpec
+    storage: StorageRef
+    deadline_unix: float | None = None
+    objective: Objective = dataclasses.field(default_factory=TrainerObjective)
+    started: float = 0.0
+    """When the launcher started: an `hpo cancel` after it stops the worker."""
+    time_limit_min: float | None = None
+    """The worker job's time limit: no trial is started that could not end within it."""
+
+    def __call__(self) -> dict[str, Any]:
+        from submitit.core.utils import UncompletedJobError
+
+        job_started = time.time()
+        longest_trial_s = 0.0
+        study = search.load(self.spec, open_storage(self.storage, create=False), create=False)
+        # Each worker samples its own sequence (same seed everywhere would mean the same proposals).
+        worker = (
+            os.environ.get("SLURM_ARRAY_TASK_ID")
+            or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
+            or str(os.getpid())
+        )
+        search.reseed_sampler(
+            study, self.spec, seed_stream=1 + len(study.get_trials(deepcopy=False)) + 7919 * int(worker)
+        )
+        space = search.distributions(self.spec)
+        ran = 0
+        while len(record.counted_trials(study)) < self.spec.study.n_trials:
+            if self.deadline_unix is not None and time.time() >= self.deadline_unix:
+                break
+            if record.cancel_requested_at(study) >= self.started:
+                break
+            if self.time_limit_min is not None:
+                left_s = job_started + 60 * self.time_limit_min - time.time()
+                if left_s < 1.2 * longest_trial_s + 60:
+                    print(
+                        f"worker stops: {left_s:.0f} s left, the longest trial took {longest_trial_s:.0f} s",
+                        flush=True,
+                    )
+                    break
+            trial = study.ask(space)
+            retries.inherit_checkpoint(self.spec, trial)
+            # Several workers may ask at the same moment for the last slot: the trial numbers
+            # decide, and a surplus trial is closed unrun so that the budget is exact.
+            earlier = [t for t in record.counted_trials(study) if t.number < trial.number]
+            if len(earlier) >= self.spec.study.n_trials:
+                record.mark_surplus(study, trial)
+                break
+            kind = os.environ.get("SUBMITIT_EXECUTOR", "local")
+            record.set_attrs(trial, {record.ATTR_EXECUTOR: "worker", record.ATTR_JOB_KIND: kind})
+            trial_started = time.time()
+            try:
+                run_attached(self.spec, study, trial, self.objective)
+            except UncompletedJobError:
+                raise  # the job is at its time limit or preempted: no further trial
+            except Exception:
+                traceback.print_exc()  # recorded as FAIL with its reason; the worker goes on
+            longest_trial_s = max(longest_trial_s, time.time() - trial_started)
+            ran += 1
+        return {"trials_run": ran}

@@ -1,0 +1,134 @@
+"""The shape of the code, checked: no import cycles, the trainer independent of the service, and
+Optuna's and Ray's private APIs reached from one module each.
+
+The graph is drawn with ``ast`` from every import statement, those inside functions included;
+imports under ``if TYPE_CHECKING:`` are left out (they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("hpo", "trainer")
+# Optuna's private storage API, and OptunaSearch's internals in Ray Tune.
+PRIVATE_OPTUNA = ("_storage", "_trial_id")
+PRIVATE_RAY = ("_ot_trials", "_ot_study", "_completed_trials")
+OWNERS = {"_storage": "hpo.record", "_trial_id": "hpo.record"} | dict.fromkeys(
+    PRIVATE_RAY, "hpo.dispatch.ray.optuna_search"
+)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node, except what sits under ``if TYPE_CHECKING:``."""
+    nodes: list[ast.AST] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+    return nodes
+
+
+def _imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules ``module`` imports (``from a import b`` counts b where b is a module)."""
+    found = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    [*package.split(".")[: len(package.split(".")) - node.level + 1], base]
+                ).strip(".")
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in names:
+            # `import a.b.c` imports a and a.b too; only the deepest project module matters here.
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            # A package's __init__ importing its own submodules is not a cycle through the package.
+            if target.startswith(node + "."):
+                continue
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state:
+                found = visit(target)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    graph = _graph()
+    assert len(graph) > 40, sorted(graph)  # the walk found the packages
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_trainer_never_imports_the_service() -> None:
+    offenders = {
+        module: sorted(t for t in targets if t.split(".")[0] == "hpo")
+        for module, targets in _graph().items()
+        if module.split(".")[0] == "trainer"
+    }
+    assert not any(offenders.values()), offenders
+
+
+def test_private_apis_are_reached_from_their_owner_only() -> None:
+    offenders = []
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in OWNERS and OWNERS[node.attr] != module:
+                offenders.append(f"{module}:{node.lineno} .{node.attr}")
+    assert not offenders, offenders
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    # The checks above pass on a graph without cycles; this one shows they would fail on one.
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
