@@ -17,9 +17,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from trainer.config import TrainConfig, field_types, load_yaml_mapping, unwrap_optional
+from trainer.config import TrainConfig, field_types, unwrap_optional
 from trainer.errors import ConfigError, TrialOutOfMemory
 from trainer.sources import check_data_available
+from trainer.yamlfile import load_yaml_mapping
 
 EXIT_BAD_INPUT = 2
 EXIT_OUT_OF_MEMORY = 3

@@ -17,8 +17,8 @@ import yaml
 
 from hpo.config.schema import StudySpec, _join, _KeyProblem, build_spec
 from hpo.errors import StudyFileError
-from trainer.config import load_yaml_mapping
 from trainer.errors import ConfigError
+from trainer.yamlfile import YamlLoader, load_yaml_mapping
 
 _INTERPOLATION = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -81,7 +81,7 @@ def _interpolate(value: Any, path: str) -> Any:
     if whole and whole.group(0) != "$$":
         # `n_trials: ${N}` is the number N, as if written in the file.
         try:
-            return yaml.load(result, Loader=_yaml_loader()) if result.strip() else result
+            return yaml.load(result, Loader=YamlLoader) if result.strip() else result
         except yaml.YAMLError:
             return result
     return result
@@ -94,7 +94,7 @@ def _apply_override(document: dict[str, Any], assignment: str, source: str) -> s
     if not sep or not key or any(not part for part in key.split(".")):
         raise StudyFileError(f"--set {assignment}: expected KEY.PATH=VALUE, like study.n_trials=20")
     try:
-        value = yaml.load(text, Loader=_yaml_loader()) if text.strip() else None
+        value = yaml.load(text, Loader=YamlLoader) if text.strip() else None
     except yaml.YAMLError:
         raise StudyFileError(f"--set {assignment}: the value is not valid YAML") from None
     node = document
@@ -109,9 +109,3 @@ def _apply_override(document: dict[str, Any], assignment: str, source: str) -> s
         node = child
     node[parts[-1]] = value
     return key
-
-
-def _yaml_loader() -> type[yaml.SafeLoader]:
-    from trainer.config import _YamlLoader  # the YAML 1.2 float rules the study file is read with
-
-    return _YamlLoader

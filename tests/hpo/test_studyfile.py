@@ -22,7 +22,7 @@ from hpo.config import load_study
 from hpo.config.schema import _KeyProblem, parse_duration_min
 from hpo.errors import StudyFileError
 from hpo.storage import StorageRef, has_password, mask, resolve_storage
-from trainer.config import load_yaml_mapping
+from trainer.yamlfile import load_yaml_mapping
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "studies" / "quickstart.yaml"
