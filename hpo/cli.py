@@ -16,6 +16,7 @@ from pathlib import Path
 import hpo
 from hpo.commands import Request, execute
 from trainer.cli import OneLineErrorParser
+from trainer.cli import main as train_main
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,10 +98,7 @@ def _study_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:
-        # Forwarded untouched: the trainer owns its flags.
-        from trainer.cli import main as train_main
-
-        return train_main(argv[1:])
+        return train_main(argv[1:])  # forwarded untouched: the trainer owns its flags
     args = vars(build_parser().parse_args(argv))
     request = Request(**args, argv=argv)
     # `kill` and Slurm's end of a launcher job send SIGTERM: stop as cleanly as on Ctrl-C.

@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    import optuna
+import optuna
 
+if TYPE_CHECKING:
     from hpo.config import StudySpec
 
 # Trial user attributes written by the service (shown by `hpo status` and optuna-dashboard).
@@ -105,7 +105,6 @@ def read_trial(study: optuna.Study, trial_id: int) -> optuna.trial.FrozenTrial:
 
 def attach(study: optuna.Study, trial_number: int) -> optuna.Trial | None:
     """The running trial with this number, or None if it already ended."""
-    import optuna
 
     storage = study._storage  # the study's own storage object: no second connection pool
     study_id = storage.get_study_id_from_name(study.study_name)
@@ -118,7 +117,6 @@ def attach(study: optuna.Study, trial_number: int) -> optuna.Trial | None:
 def fail(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial | int, reason: str) -> None:
     """Fail a trial with its reason, whoever holds it (a FrozenTrial cannot set attributes).
     Raises RuntimeError or ValueError if the trial was told meanwhile: then its state stands."""
-    import optuna
 
     number, found = _ids(study, trial)
     study._storage.set_trial_user_attr(found, ATTR_FAIL_REASON, reason)
@@ -166,7 +164,6 @@ def tune_result_attrs(result: Mapping[str, Any] | None, epochs_done: int, error:
 
 def mark_surplus(study: optuna.Study, trial: optuna.Trial) -> None:
     """Close a trial asked beyond the budget unrun; the budget does not count it."""
-    import optuna
 
     trial.set_user_attr(ATTR_SURPLUS, True)
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -197,7 +194,6 @@ def tell_infeasible(
     directions: list[str],
 ) -> None:
     """Tell a trial that ran out of memory: COMPLETE, worst values, memory constraint violated."""
-    import optuna
 
     number, found = _ids(study, trial)
     live = optuna.Trial(study, found)
@@ -214,7 +210,6 @@ def retry_history(trial: optuna.trial.FrozenTrial) -> list[int]:
 def queue_retries(study: optuna.Study, max_retries: int) -> list[int]:
     """Queue a retry of every FAIL trial that has none yet and has retries left; returns the
     numbers of the trials retried."""
-    import optuna
 
     trials = study.get_trials(deepcopy=False)
     already = retried_numbers(trials)

@@ -7,14 +7,17 @@ ask ``should_prune`` and tell), so that both build the same pruner from the same
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from hpo.config import RAY_ONLY_PRUNERS
 from hpo.errors import NotReadyError, StudyFileError
 
 if TYPE_CHECKING:
-    import optuna
     from optuna.distributions import BaseDistribution
     from optuna.storages import BaseStorage
 
@@ -26,7 +29,6 @@ def distributions(spec: StudySpec) -> dict[str, BaseDistribution]:
 
 
 def _distribution(param: ParamSpec) -> BaseDistribution:
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     if param.type == "categorical":
         return CategoricalDistribution(list(param.choices or []))
@@ -43,7 +45,6 @@ def build_sampler(
 ) -> optuna.samplers.BaseSampler:
     """The study's sampler. ``seed_stream`` tells apart processes that sample from one study (a
     relaunch, each --workers worker): with the same seed they would propose the same sequence."""
-    import optuna
 
     classes: dict[str, Callable[..., optuna.samplers.BaseSampler]] = {
         "tpe": optuna.samplers.TPESampler,
@@ -64,7 +65,6 @@ def build_sampler(
 
 
 def build_pruner(pruner: PrunerSpec, source: str) -> optuna.pruners.BasePruner:
-    import optuna
 
     if pruner.name in RAY_ONLY_PRUNERS:
         raise StudyFileError(
@@ -105,7 +105,6 @@ def validate_optuna_settings(spec: StudySpec) -> None:
 
 
 def load(spec: StudySpec, storage: BaseStorage, *, create: bool) -> optuna.Study:
-    import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source)
@@ -154,9 +153,6 @@ def check_direction(study: optuna.Study, spec: StudySpec) -> None:
 
 def name_objective(study: optuna.Study, spec: StudySpec) -> None:
     """Store the metric's name, so optuna-dashboard's plots say "val_accuracy", not "Objective 0"."""
-    import warnings
-
-    import optuna
 
     if study.metric_names != objective_names(spec):
         with warnings.catch_warnings():

@@ -12,6 +12,7 @@ environment), and every URL the service prints is masked. ``~/.pgpass`` works as
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import time
@@ -19,6 +20,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
+
+import optuna
+from optuna.storages.journal import JournalFileBackend
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    ProgrammingError,
+)
 
 from hpo.errors import NotReadyError, StudyFileError, one_line
 from hpo.paths import private_dir
@@ -59,8 +72,6 @@ def resolve_storage(spec: StudySpec, url: str | None, source: str) -> StorageRef
         if not path:
             raise StudyFileError(f"{source}: study.storage: journal: needs a file path, got {url!r}")
         return StorageRef("journal", str(Path(path).expanduser().absolute()))
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
 
     try:
         parsed = make_url(url)
@@ -75,6 +86,11 @@ def resolve_storage(spec: StudySpec, url: str | None, source: str) -> StorageRef
             f"{source}: study.storage: unsupported scheme {scheme!r}; use postgresql://, mysql://, "
             "sqlite:/// or journal:PATH"
         )
+    driver = parsed.get_driver_name()
+    if scheme == "postgresql" and "+" in parsed.drivername and importlib.util.find_spec(driver) is None:
+        # Optuna's documentation writes postgresql+psycopg2://; the service installs psycopg 3, which
+        # a plain postgresql:// URL reaches. Same server, same database: only the client differs.
+        parsed = parsed.set(drivername="postgresql")
     if scheme == "sqlite" and parsed.database not in (None, "", ":memory:"):
         parsed = parsed.set(database=str(Path(parsed.database).expanduser().absolute()))
     if parsed.password:
@@ -89,8 +105,6 @@ def resolve_storage(spec: StudySpec, url: str | None, source: str) -> StorageRef
 def has_password(url: str) -> bool:
     if url.startswith(JOURNAL_PREFIX):
         return False
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
 
     try:
         return make_url(url).password is not None
@@ -102,8 +116,6 @@ def mask(url: str) -> str:
     """The URL with any password replaced by ``***``."""
     if url.startswith(JOURNAL_PREFIX):
         return url
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
 
     try:
         return make_url(url).render_as_string(hide_password=True)
@@ -114,7 +126,6 @@ def mask(url: str) -> str:
 def open_storage(ref: StorageRef, *, create: bool) -> BaseStorage:
     """Connect to the storage. ``create=True`` (the launcher) creates the schema; trial
     processes pass ``create=False`` so that many of them starting at once run no DDL."""
-    import optuna
 
     if ref.kind == "journal":
         path = Path(ref.target)
@@ -122,7 +133,6 @@ def open_storage(ref: StorageRef, *, create: bool) -> BaseStorage:
             private_dir(path.parent)
         elif not path.exists():
             raise FileNotFoundError(f"journal storage {path} does not exist")
-        from optuna.storages.journal import JournalFileBackend
 
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     engine_kwargs: dict[str, object] = {"pool_pre_ping": True}
@@ -146,8 +156,6 @@ def _create_schema_with_retries(ref: StorageRef, attempts: int = 8) -> BaseStora
     """Processes creating the schema of a fresh database at once: one's CREATE TABLE, or its insert
     of the schema version (which Optuna wraps in StorageInternalError), fails on another's; a retry
     then finds them and goes on. The random wait spreads the retries of a crowd."""
-    import optuna
-    from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     for attempt in range(attempts):
         try:
@@ -177,8 +185,6 @@ OUTAGE_TOLERANCE_S = 600.0
 def is_transient(err: BaseException) -> bool:
     """Whether an error means "the database cannot be reached right now" (a restart, a network
     cut) rather than a wrong request. Optuna's RDB storage wraps SQLAlchemy's errors."""
-    import optuna
-    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
     if isinstance(err, optuna.exceptions.StorageInternalError):
         err = err.__cause__ or err

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import optuna
+
 from hpo import record, search
 from hpo.observe.progress import Progress
 from hpo.slurm import executors
@@ -26,7 +28,6 @@ from hpo.storage import StorageRef, check_reachable
 from hpo.trial.objective import Objective, TrainerObjective
 
 if TYPE_CHECKING:
-    import optuna
     from optuna.storages import BaseStorage
 
     from hpo.config import StudySpec
@@ -135,7 +136,6 @@ class Dispatcher:
     def _take_over_running_trials(self, per_trial: bool) -> set[str]:
         """Deal with the trials a previous launcher left RUNNING: re-attach per-trial jobs that
         still run (``per_trial``), fail those whose job is gone. Returns the job ids of live workers."""
-        import optuna
 
         live_workers: set[str] = set()
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
@@ -210,7 +210,6 @@ class Dispatcher:
             self.log(f"trial {trial.number} {state}: {trial.user_attrs.get(record.ATTR_FAIL_REASON, '')}")
 
     def _counted(self) -> int:
-        import optuna
 
         return sum(1 for t in record.counted_trials(self.study) if t.state != optuna.trial.TrialState.WAITING)
 

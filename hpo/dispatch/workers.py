@@ -7,6 +7,8 @@ import math
 import time
 from typing import Any
 
+import optuna
+
 from hpo import record
 from hpo.dispatch.common import Dispatcher, signals_deferred, worker_entry
 from hpo.errors import LaunchError, one_line
@@ -91,7 +93,6 @@ class WorkerDispatcher(Dispatcher):
 
     def _fail_orphans(self, jobs: list[Any]) -> None:
         """A worker that died mid-trial leaves that trial RUNNING: fail it with the worker's end."""
-        import optuna
 
         by_id = {str(job.job_id): job for job in jobs}
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):

@@ -12,7 +12,7 @@ import ipaddress
 import sys
 from typing import TYPE_CHECKING
 
-from hpo.errors import LaunchError, StudyFileError
+from hpo.errors import LaunchError, NotReadyError, StudyFileError
 from hpo.observe.tunnel import login_host
 from hpo.storage import open_storage
 
@@ -32,7 +32,9 @@ def serve(spec: StudySpec, ref: StorageRef, study: optuna.Study, host: str, port
     try:
         import optuna_dashboard
     except ImportError:
-        raise LaunchError("optuna-dashboard is not installed: pip install 'slurm-hpo[dashboard]'") from None
+        raise NotReadyError(
+            "optuna-dashboard is not installed", "pip install 'slurm-hpo[dashboard]'"
+        ) from None
     storage = open_storage(ref, create=False)
     if not _is_loopback(host):
         print(

@@ -13,6 +13,7 @@ time since they started, times the resources a trial gets): a live estimate. `hp
 from __future__ import annotations
 
 import math
+import shutil
 import sys
 import time
 from collections import Counter
@@ -92,10 +93,7 @@ class Progress:
             self._shown = False
 
     def _trials(self) -> list[optuna.trial.FrozenTrial]:
-        """The trials the budget counts: no surplus ones, no failed ones that were retried."""
-        trials = self.study.get_trials(deepcopy=False)
-        retried = record.retried_numbers(trials)
-        return [t for t in trials if not t.user_attrs.get(record.ATTR_SURPLUS) and t.number not in retried]
+        return record.counted_trials(self.study)
 
     def line(self, trials: list[optuna.trial.FrozenTrial] | None = None) -> str:
         trials = self._trials() if trials is None else trials
@@ -144,12 +142,14 @@ class Progress:
         return f"{accounting.format_hours(total)} {unit} used"
 
     def _time_left(self, trials: list[optuna.trial.FrozenTrial], done: int) -> str:
+        remaining = self.spec.study.n_trials - done
+        if remaining <= 0:
+            return ""  # the budget is spent: a timeout still ahead says nothing about this study
         left: list[float] = []
         if self.deadline is not None:
             left.append(max(0.0, self.deadline - time.time()))
         durations = [t.duration.total_seconds() for t in trials if t.state.is_finished() and t.duration]
-        remaining = self.spec.study.n_trials - done
-        if durations and remaining > 0:
+        if durations:
             waves = math.ceil(remaining / max(1, self.spec.study.max_concurrent))
             left.append(waves * sum(durations) / len(durations))
         if not left:
@@ -162,6 +162,5 @@ def _minutes(seconds: float) -> str:
 
 
 def _width() -> int:
-    import shutil
 
     return max(40, shutil.get_terminal_size().columns - 1)

@@ -17,15 +17,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import optuna
+from optuna import visualization as vis
+from optuna.visualization import matplotlib as vis_mpl
+
 from hpo import record, search
-from hpo.errors import LaunchError, StudyFileError
+from hpo.errors import LaunchError, NotReadyError, StudyFileError
 from hpo.observe import views
 from hpo.paths import private_dir
 from hpo.slurm import accounting
 
 if TYPE_CHECKING:
-    import optuna
-
     from hpo.config import StudySpec
 
 _STATE_COLORS = {"COMPLETE": "#1f77b4", "PRUNED": "#d62728", "FAIL": "#7f7f7f", "RUNNING": "#2ca02c"}
@@ -33,12 +35,14 @@ _STATE_COLORS = {"COMPLETE": "#1f77b4", "PRUNED": "#d62728", "FAIL": "#7f7f7f", 
 
 def write_report(spec: StudySpec, study: optuna.Study, out: Path) -> list[Path]:
     """Write the report into ``out``; return the files written."""
-    try:
+    try:  # the report's own extra: imported here, so that the rest of hpo runs without it
         import matplotlib  # noqa: F401
         import pandas  # noqa: F401
         import plotly  # noqa: F401
     except ImportError as err:
-        raise LaunchError(f"hpo report needs {err.name}: pip install 'slurm-hpo[report]'") from None
+        raise NotReadyError(
+            f"hpo report needs {err.name}, which is not installed", "pip install 'slurm-hpo[report]'"
+        ) from None
     trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(record.ATTR_SURPLUS)]
     if not trials:
         raise LaunchError(f"study {spec.study.name!r} has no trial yet: nothing to report")
@@ -71,8 +75,6 @@ Plot = tuple[Callable[[], Any], Callable[[], Any]]
 
 
 def _plots(spec: StudySpec, study: optuna.Study, trials: list[optuna.trial.FrozenTrial]) -> dict[str, Plot]:
-    from optuna import visualization as vis
-    from optuna.visualization import matplotlib as vis_mpl
 
     # A multi-objective study's plots are of its metric (its first objective), plus the front.
     target: Any = (lambda t: t.values[0]) if spec.study.also_minimize else None
@@ -168,7 +170,6 @@ def _learning_curves_matplotlib(spec: StudySpec, trials: list[optuna.trial.Froze
 
 @contextlib.contextmanager
 def _quiet_experimental() -> Iterator[None]:
-    import optuna
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

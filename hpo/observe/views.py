@@ -11,6 +11,9 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+import optuna
+from submitit.core.utils import JobPaths
+
 from hpo import record, search
 from hpo.errors import LaunchError, NotReadyError, StudyFileError, one_line
 from hpo.record import ATTR_FINAL_PARAMS, ATTR_RETRY_OF, ATTR_SCHEDULE
@@ -20,13 +23,10 @@ from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    import optuna
-
     from hpo.config import StudySpec
 
 
 def open_study(spec: StudySpec, ref: StorageRef) -> optuna.Study:
-    import optuna
 
     try:
         storage = open_storage(ref, create=False)
@@ -176,7 +176,6 @@ def full_training_command(config: TrainConfig) -> str:
 def cancel(spec: StudySpec, study: optuna.Study) -> list[str]:
     """Stop the study: launchers and workers take no new trial, running trials' jobs are cancelled
     and their trials failed, so that nothing stays RUNNING."""
-    import optuna
 
     record.request_cancel(study, time.time())
     lines = []
@@ -210,7 +209,6 @@ def _cancel_job(spec: StudySpec, kind: Any, job_id: str) -> None:
 
 def trial_log(spec: StudySpec, study: optuna.Study, number: int, stderr: bool) -> str:
     """The Slurm (or local) output of trial ``number``'s job, rank 0's."""
-    from submitit.core.utils import JobPaths
 
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     trial = trials.get(number)

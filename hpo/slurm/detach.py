@@ -16,6 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import submitit
+from submitit.core.utils import JobPaths
+
 from hpo.paths import private_dir
 from hpo.slurm import executors
 
@@ -54,14 +57,12 @@ class DetachedLaunch:
 
     def checkpoint(self) -> Any:
         """Requeue at the time limit: the next run resumes the study from the storage."""
-        import submitit
 
         return submitit.helpers.DelayedSubmission(self)
 
 
 def submit(spec: StudySpec, launch: Callable[[], int], argv: list[str]) -> str:
     """Submit the launcher's job; returns its job id."""
-    import submitit
 
     folder = private_dir(executors.jobs_folder(spec) / "launcher")  # submitit's pickles are code
     launcher, res = spec.launcher, spec.resources
@@ -88,6 +89,5 @@ def submit(spec: StudySpec, launch: Callable[[], int], argv: list[str]) -> str:
 
 
 def log_path(spec: StudySpec, job_id: str) -> Path:
-    from submitit.core.utils import JobPaths
 
     return Path(JobPaths(executors.jobs_folder(spec) / "launcher" / "%j", job_id, 0).stdout)

@@ -15,6 +15,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import submitit
+from submitit.core.utils import JobPaths
+from submitit.slurm.slurm import _make_sbatch_string
+
 from hpo.paths import private_dir
 
 if TYPE_CHECKING:
@@ -43,7 +47,6 @@ def make_executor(
 ) -> Any:
     """A submitit executor whose jobs get the study's per-trial resources (``time_min`` overrides
     the time limit, for --workers jobs that run many trials)."""
-    import submitit
 
     folder = private_dir(jobs_folder(spec))  # submitit's pickles are code
     res = spec.resources
@@ -96,7 +99,6 @@ def slurm_parameters(
 
 def render_sbatch(spec: StudySpec, job_name: str) -> str:
     """The sbatch script a trial job would be submitted with (for ``--dry-run``)."""
-    from submitit.slurm.slurm import _make_sbatch_string
 
     folder = jobs_folder(spec) / "%j"
     python = spec.resources.python or sys.executable
@@ -108,7 +110,6 @@ def render_sbatch(spec: StudySpec, job_name: str) -> str:
 
 
 def slurm_job(spec: StudySpec, job_id: str) -> submitit.Job[Any]:
-    import submitit
 
     return submitit.SlurmJob(folder=jobs_folder(spec) / "%j", job_id=job_id)
 
@@ -172,7 +173,6 @@ def error_line(spec: StudySpec, job_id: str, tasks: int) -> str:
     """The most telling line of a job's task logs: the last exception line of the first task that
     has one, else the last line of rank 0's log (read directly: submitit's ``exception()`` waits
     up to 15 s per task for a result that a killed job never writes)."""
-    from submitit.core.utils import JobPaths
 
     last = ""
     for task in range(max(1, tasks)):

@@ -7,6 +7,7 @@ workdir); ``FixedDurationObjective`` stands in for training when only dispatch i
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,7 +46,7 @@ class TrainerObjective:
     def __call__(
         self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: Reporter | None
     ) -> ObjectiveResult:
-        import torch
+        import torch  # only in the trial's own process: the launcher never loads torch
 
         from trainer import train
 
@@ -99,7 +100,6 @@ class FixedDurationObjective:
     def __call__(
         self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: Reporter | None
     ) -> ObjectiveResult:
-        import math
 
         value = 0.0
         for epoch in range(1, self.epochs + 1):

@@ -17,6 +17,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+import optuna
+import submitit
+
 from hpo import record, search
 from hpo.slurm import accounting
 from hpo.storage import StorageRef, open_storage, with_retries
@@ -25,8 +28,6 @@ from hpo.trial.objective import Objective, TrainerObjective
 from hpo.trial.reporter import OptunaReporter
 
 if TYPE_CHECKING:
-    import optuna
-
     from hpo.config import StudySpec
 
 
@@ -65,7 +66,6 @@ class TrialTask:
         """Called by submitit on the signal Slurm sends before a time limit or a preemption
         (``--signal=USR2@90``): the trainer checkpoints every epoch, so the job only needs
         requeueing with the same task; it resumes the same trial from its last epoch."""
-        import submitit
 
         REQUEUE_REQUESTED.set()
         return submitit.helpers.DelayedSubmission(self)
@@ -84,7 +84,6 @@ def run_attached(
     spec: StudySpec, study: optuna.Study, trial: optuna.Trial, objective: Objective
 ) -> dict[str, Any]:
     """Run a trial on rank 0: record where it runs, train while reporting, tell the end state."""
-    import optuna
 
     started = time.monotonic()
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
@@ -188,8 +187,6 @@ def _export_rank_environment() -> int:
     """Make the trainer see its rank. Under srun it reads Slurm's variables itself; submitit's
     local executor sets its own, which are translated to torchrun's for multi-process trials."""
     if os.environ.get("SUBMITIT_LOCAL_NTASKS", "1") != "1":
-        import submitit
-
         dist_env = submitit.helpers.TorchDistributedEnvironment()
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.update(

@@ -8,6 +8,8 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
+from submitit.core.utils import UncompletedJobError
+
 from hpo import record, search
 from hpo.storage import StorageRef, open_storage
 from hpo.trial import retries
@@ -32,7 +34,6 @@ class WorkerTask:
     """The worker job's time limit: no trial is started that could not end within it."""
 
     def __call__(self) -> dict[str, Any]:
-        from submitit.core.utils import UncompletedJobError
 
         job_started = time.time()
         longest_trial_s = 0.0

@@ -30,6 +30,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import submitit
+
+from hpo.dispatch.ray import driver
 from hpo.storage import StorageRef
 from hpo.trial.objective import Objective
 
@@ -82,7 +85,6 @@ class RayClusterTask:
     objective: Objective | None = None  # None: the trainer, as the driver sets it up
 
     def __call__(self) -> dict[str, Any]:
-        import submitit
 
         env = submitit.JobEnvironment()
         job_id, rank, nodes = str(env.job_id), env.global_rank, env.num_tasks
@@ -100,8 +102,6 @@ class RayClusterTask:
         return self._worker(job_id, rank, node_ip, temp_dir, rdv)
 
     def _head(self, job_id: str, nodes: int, node_ip: str, temp_dir: str, rdv: Path) -> dict[str, Any]:
-        from hpo.dispatch.ray import driver
-
         ports = _free_ports(len(_PORT_NAMES) + 1)
         named = dict(zip(_PORT_NAMES, ports, strict=False))
         _ray_start(
@@ -151,8 +151,6 @@ class RayClusterTask:
 
 
 def _ray_start(extra: list[str], ports: dict[str, int], node_ip: str, temp_dir: str, spec: StudySpec) -> None:
-    from hpo.dispatch.ray import driver
-
     slots = slots_per_node(spec)
     low = _free_range(_WORKER_PORTS + 1, avoid=set(ports.values()))
     args = [

@@ -18,6 +18,9 @@ the workers and their placement group go, and the trial's thread returns within 
 that Tune can start the next trial in the same actor. Killing the run instead would leave the
 placement group taken (Ray Train V2 frees a dead controller's only through the State API, which
 a Ray instance without the dashboard lacks), and the next trial would never get its workers.
+
+Ray is imported inside the functions that use it: the launcher, ``hpo status`` and the pre-flight
+checks import this module on machines and in processes where Ray is absent or not wanted.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ The study file is the same as for the Optuna backend. Its pruner maps onto Tune'
 ``successive_halving`` -> ASHA, ``hyperband`` -> HyperBand, ``median`` -> median stopping,
 ``none`` -> FIFO, each counting time in epochs (Tune's ``training_iteration``); ``pbt`` is
 Population Based Training (see ``population``).
+
+Ray is imported inside the functions that use it: the launcher, ``hpo status`` and the pre-flight
+checks import this module on machines and in processes where Ray is absent or not wanted.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import optuna
+
 from hpo import record
 from hpo.dispatch.common import open_study
 from hpo.dispatch.ray import ddp_trial, optuna_search, population
@@ -28,8 +33,6 @@ from hpo.trial.objective import Objective, TrainerObjective
 from trainer.reporting import Decision, EpochMetrics
 
 if TYPE_CHECKING:
-    import optuna
-
     from hpo.config import StudySpec
 
 # Set where Ray's processes start (the local instance, `ray start` on each node): Tune's default 2 s
@@ -120,7 +123,6 @@ def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective, pb
 def fail_leftovers(study: optuna.Study) -> int:
     """Trials RUNNING in the storage when a Ray-backed launch starts belong to a Ray job that has
     ended (time limit, preemption, crash): they are failed, and the budget goes on counting them."""
-    import optuna
 
     failed = 0
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):

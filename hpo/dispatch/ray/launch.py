@@ -7,6 +7,8 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from submitit.core.utils import pickle_load
+
 from hpo import record, search
 from hpo.dispatch.common import open_study
 from hpo.dispatch.ray import driver
@@ -89,8 +91,6 @@ def _follow(spec: StudySpec, study: optuna.Study, job: Any, probe: executors.Slu
             break
         time.sleep(1.0)
     if job.paths.result_pickle.exists():
-        from submitit.core.utils import pickle_load
-
         outcome, value = pickle_load(job.paths.result_pickle)
         if outcome == "success":
             return

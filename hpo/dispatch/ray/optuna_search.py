@@ -2,11 +2,16 @@
 backend writes them. The only code that touches ``OptunaSearch``'s internals (``_ot_trials``,
 ``_ot_study``, ``_completed_trials``), which no public API exposes; a Ray upgrade that renames them
 breaks here and nowhere else.
+
+Ray is imported inside the functions that use it: the launcher, ``hpo status`` and the pre-flight
+checks import this module on machines and in processes where Ray is absent or not wanted.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+import optuna
 
 from hpo import record, search
 
@@ -15,7 +20,6 @@ if TYPE_CHECKING:
 
 
 def study_search(spec: StudySpec, storage: Any, epochs: int, job_id: str) -> Any:
-    import optuna
     from ray.tune.search.optuna import OptunaSearch
 
     class StudySearch(OptunaSearch):

@@ -11,6 +11,9 @@ which epoch, whose weights, which values), and its values at the end in ``pbt_fi
 Only settings a run can change mid-schedule are perturbed: the optimizer's lr, weight decay and
 momentum (``trainer.config.RESUMABLE_CHANGES``). Every other parameter of a member that takes
 another's weights becomes that member's, since the weights were trained with it.
+
+Ray is imported inside the functions that use it: the launcher, ``hpo status`` and the pre-flight
+checks import this module on machines and in processes where Ray is absent or not wanted.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+
 from hpo import record, search
 from hpo.errors import StudyFileError
 from trainer.config import RESUMABLE_CHANGES
 
 if TYPE_CHECKING:
-    import optuna
     from optuna.distributions import BaseDistribution
 
     from hpo.config import StudySpec
@@ -64,7 +69,6 @@ def mutations(spec: StudySpec) -> list[str]:
 
 
 def build_scheduler(spec: StudySpec) -> Any:
-    from optuna.distributions import CategoricalDistribution, FloatDistribution
     from ray import tune
     from ray.tune.schedulers import PopulationBasedTraining
 
@@ -190,7 +194,6 @@ class PopulationRecorder:
             record.set_attr(member, ATTR_SCHEDULE, self.schedule[index])
 
     def finished(self, trial: Any, error: bool) -> None:
-        import optuna
 
         index = self.member_of.get(trial.trial_id)
         if index is None or index in self.told:
@@ -209,7 +212,6 @@ class PopulationRecorder:
 
     def fail_unfinished(self, reason: str) -> int:
         """Members the Ray run ended without finishing (time budget, stop) are failed."""
-        import optuna
 
         failed = 0
         for index, member in enumerate(self.members):
