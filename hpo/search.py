@@ -1,4 +1,5 @@
-"""The Optuna side of a study: sampler, pruner, distributions, creation and the trial budget.
+"""The Optuna side of a study: the search space as distributions, the sampler, the pruner, and the
+study created or loaded with them.
 
 Everything here is shared by the launcher (which asks) and the trial processes (which report,
 ask ``should_prune`` and tell), so that both build the same pruner from the same study file.

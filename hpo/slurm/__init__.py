@@ -1,1 +1,1 @@
-"""Slurm specifics: submitit executors and cluster checks, sacct accounting, the detached launcher."""
+"""Slurm specifics: submitit executors (and sbatch scripts), sacct accounting, the detached launcher."""
