@@ -16,7 +16,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from hpo.config import RAY_ONLY_PRUNERS
-from hpo.errors import NotReadyError, StudyFileError
+from hpo.errors import NotReadyError, StudyFileError, one_line
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -91,7 +91,7 @@ def _construct(cls: Callable[..., Any], options: dict[str, Any], where: str) -> 
     try:
         return cls(**options)
     except (TypeError, ValueError) as err:
-        raise StudyFileError(f"{where}: {str(err).splitlines()[0]}") from None
+        raise StudyFileError(f"{where}: {one_line(err, name=False)}") from None
     except ImportError as err:
         raise NotReadyError(
             f"{where}: needs a package that is not installed: {err.name or err}",

@@ -216,9 +216,7 @@ def with_retries(
         except Exception as err:
             if not is_transient(err) or time.monotonic() + delay > give_up:
                 raise
-            cause = str(getattr(err, "__cause__", None) or err).strip().splitlines()
-            log(
-                f"storage unreachable during {what} ({cause[0] if cause else type(err).__name__}); retrying in {delay:.1f} s"
-            )
+            cause = one_line(getattr(err, "__cause__", None) or err, name=False)
+            log(f"storage unreachable during {what} ({cause}); retrying in {delay:.1f} s")
             time.sleep(delay)
             delay = min(2 * delay, 30.0)

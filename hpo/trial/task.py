@@ -21,6 +21,7 @@ import optuna
 import submitit
 
 from hpo import record, search
+from hpo.errors import one_line
 from hpo.slurm import accounting
 from hpo.storage import StorageRef, open_storage, with_retries
 from hpo.trial import retries
@@ -105,7 +106,7 @@ def run_attached(
             # the requeued job resumes it from its last checkpoint.
             print(f"trial {trial.number} requeued; it resumes from its last checkpoint", flush=True)
             raise
-        reason = _one_line(err)
+        reason = one_line(err)
         if retries.is_out_of_memory(err):
             _finish_attrs(spec, trial, started, {})
             with_retries(
@@ -162,11 +163,6 @@ def _tell(
 ) -> None:
     """Tell once: if a tell cut off by an outage had in fact been stored, the retry leaves it."""
     with_retries(lambda: study.tell(trial.number, values, state=state, skip_if_finished=True), "tell")
-
-
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
 def job_identity() -> dict[str, str]:

@@ -25,7 +25,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from hpo import record, search
-from hpo.errors import StudyFileError
+from hpo.errors import StudyFileError, one_line
 from trainer.config import RESUMABLE_CHANGES
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ def build_scheduler(spec: StudySpec) -> Any:
             custom_explore_fn=stay_in_bounds,
         )
     except (TypeError, ValueError) as err:
-        raise StudyFileError(f"{where}: {str(err).splitlines()[0]}") from None
+        raise StudyFileError(f"{where}: {one_line(err, name=False)}") from None
 
 
 def first_population(
