@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import hpo
-from hpo.commands import Request, execute
+from hpo.commands import Request, execute, schema_text
 from trainer.cli import OneLineErrorParser
 from trainer.cli import main as train_main
 
@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the launcher itself as a small CPU Slurm job (the study's launcher section), requeued "
         "before its time limit; prints its job id and log",
+    )
+
+    commands.add_parser(
+        "schema",
+        help="print the JSON Schema of study files (for editors: the shipped files name "
+        "docs/study.schema.json in a yaml-language-server line)",
     )
 
     tunnel = commands.add_parser("tunnel", help="print the ssh commands that reach the study's dashboards")
@@ -100,6 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["train"]:
         return train_main(argv[1:])  # forwarded untouched: the trainer owns its flags
     args = vars(build_parser().parse_args(argv))
+    if args["command"] == "schema":  # reads no study file
+        print(schema_text())
+        return 0
     request = Request(**args, argv=argv)
     # `kill` and Slurm's end of a launcher job send SIGTERM: stop as cleanly as on Ctrl-C.
     signal.signal(signal.SIGTERM, _interrupt)

@@ -58,6 +58,15 @@ class Request:
     err: bool = False
 
 
+def schema_text() -> str:
+    """The JSON Schema of a study file, as ``hpo schema`` prints it and docs/study.schema.json holds it."""
+    import json
+
+    from hpo.config.schema import json_schema
+
+    return json.dumps(json_schema(), indent=2)
+
+
 def execute(request: Request) -> int:
     """Run a command; returns its exit status, having printed one line for any error."""
     try:

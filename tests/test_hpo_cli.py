@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -27,3 +28,12 @@ def test_unknown_command_is_rejected() -> None:
     proc = subprocess.run([HPO, "lunch"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "invalid choice: 'lunch'" in proc.stderr
+
+
+def test_schema_prints_the_study_files_json_schema() -> None:
+    from hpo.config.schema import json_schema
+
+    proc = subprocess.run([HPO, "schema"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == json_schema()
+    assert json_schema()["additionalProperties"] is False

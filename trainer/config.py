@@ -1,7 +1,8 @@
 """The trainer's configuration: one validated dataclass, every field documented.
 
-A field's ``help`` metadata is its documentation; the command line (``python -m trainer --help``)
-and the HPO layer's error messages are generated from it, so there is one place to read.
+Each field is declared once (``trainer.fields``): its type, default, bounds and help text. The help
+text is its documentation; the command line (``python -m trainer --help``), the study file's JSON
+schema and the HPO layer's error messages are generated from it, so there is one place to read.
 """
 
 from __future__ import annotations
@@ -16,17 +17,26 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from trainer.errors import ConfigError
+from trainer.fields import build, config_dataclass, field
 from trainer.yamlfile import load_yaml_mapping
 
-TORCHVISION_MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+TorchvisionModel = Literal["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]
 # CIFAR-style ResNets (He et al. 2016, section 4.2): depth 6n+2, three stages, narrow. Cheap enough
 # to train many short trials on a CPU or a small GPU slice.
-CIFAR_MODELS = ("resnet8", "resnet14", "resnet20", "resnet32", "resnet44", "resnet56", "resnet110")
+CifarModel = Literal["resnet8", "resnet14", "resnet20", "resnet32", "resnet44", "resnet56", "resnet110"]
+Model = Literal[TorchvisionModel, CifarModel]
+Dataset = Literal["fashion-mnist", "imagefolder", "imagenet", "synthetic"]
+AmpMode = Literal["auto", "off", "fp16", "bf16"]
+Device = Literal["auto", "cpu", "cuda"]
+AnnealStrategy = Literal["cos", "linear"]
+
+TORCHVISION_MODELS: tuple[str, ...] = typing.get_args(TorchvisionModel)
+CIFAR_MODELS: tuple[str, ...] = typing.get_args(CifarModel)
 MODELS = TORCHVISION_MODELS + CIFAR_MODELS
-DATASETS = ("fashion-mnist", "imagefolder", "imagenet", "synthetic")
-AMP_MODES = ("auto", "off", "fp16", "bf16")
-DEVICES = ("auto", "cpu", "cuda")
-ANNEAL_STRATEGIES = ("cos", "linear")
+DATASETS: tuple[str, ...] = typing.get_args(Dataset)
+AMP_MODES: tuple[str, ...] = typing.get_args(AmpMode)
+DEVICES: tuple[str, ...] = typing.get_args(Device)
+ANNEAL_STRATEGIES: tuple[str, ...] = typing.get_args(AnnealStrategy)
 
 # Where Debian's package dataset-fashion-mnist puts the raw idx files.
 DEFAULT_FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
@@ -57,123 +67,98 @@ RUNTIME_ONLY_FIELDS = frozenset(
 RESUMABLE_CHANGES = ("lr", "weight_decay", "momentum")
 
 
-def _field(default: Any, help: str) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help})
-
-
-@dataclasses.dataclass
+@config_dataclass(flat=True, allow_inf_nan=True)
 class TrainConfig:
     """Everything that defines one short training run (one HPO trial)."""
 
     # --- model and data -------------------------------------------------------------------------
-    model: str = _field("resnet20", f"Network: one of {', '.join(MODELS)}.")
-    width: int = _field(16, "Channels of the first stage of a CIFAR-style ResNet (16 in the paper).")
-    dataset: str = _field("fashion-mnist", f"Dataset: one of {', '.join(DATASETS)}.")
-    data_root: str | None = _field(
+    model: Model = field("resnet20", f"Network: one of {', '.join(MODELS)}.")
+    width: int = field(16, "Channels of the first stage of a CIFAR-style ResNet (16 in the paper).", gt=0)
+    dataset: Dataset = field("fashion-mnist", f"Dataset: one of {', '.join(DATASETS)}.")
+    data_root: str | None = field(
         None,
         "Dataset directory. fashion-mnist: the raw idx(.gz) files (default "
         f"{DEFAULT_FASHION_MNIST_ROOT}); imagefolder: a folder with train/ and val/ class folders; "
         "imagenet: torchvision's ImageNet layout.",
     )
-    download: bool = _field(False, "Download Fashion-MNIST into data_root if it is missing (needs internet).")
-    image_size: int | None = _field(
-        None, "Training crop size in pixels (default: 28 for fashion-mnist, 224 otherwise)."
+    download: bool = field(False, "Download Fashion-MNIST into data_root if it is missing (needs internet).")
+    image_size: int | None = field(
+        None, "Training crop size in pixels (default: 28 for fashion-mnist, 224 otherwise).", gt=0
     )
-    synthetic_num_classes: int = _field(10, "Number of classes of the synthetic dataset.")
-    synthetic_train_samples: int = _field(10_000, "Training-set size of the synthetic dataset.")
-    synthetic_val_samples: int = _field(1_000, "Validation-set size of the synthetic dataset.")
+    synthetic_num_classes: int = field(10, "Number of classes of the synthetic dataset.", gt=0)
+    synthetic_train_samples: int = field(10_000, "Training-set size of the synthetic dataset.", gt=0)
+    synthetic_val_samples: int = field(1_000, "Validation-set size of the synthetic dataset.", gt=0)
 
     # --- length of the run ----------------------------------------------------------------------
-    epochs: int = _field(1, "Number of epochs.")
-    train_fraction: float = _field(
-        1.0, "Fraction of the training set used, a fixed subset drawn with the seed; in (0, 1]."
+    epochs: int = field(1, "Number of epochs.", gt=0)
+    train_fraction: float = field(
+        1.0, "Fraction of the training set used, a fixed subset drawn with the seed; in (0, 1].", gt=0, le=1
     )
-    max_steps_per_epoch: int | None = _field(None, "Cap on optimizer steps per epoch (default: no cap).")
-    val_fraction: float = _field(1.0, "Fraction of the validation set evaluated each epoch; in (0, 1].")
-    test_held_out: bool = _field(
+    max_steps_per_epoch: int | None = field(None, "Cap on optimizer steps per epoch (default: no cap).", gt=0)
+    val_fraction: float = field(
+        1.0, "Fraction of the validation set evaluated each epoch; in (0, 1].", gt=0, le=1
+    )
+    test_held_out: bool = field(
         False,
         "After the last epoch, also evaluate on the validation-split images that val_fraction leaves "
         "out: a test set that no epoch's score (and so no search) has seen; needs val_fraction < 1.",
     )
 
     # --- optimization ---------------------------------------------------------------------------
-    batch_size: int = _field(128, "Batch size per process (per GPU).")
-    val_batch_size: int | None = _field(None, "Validation batch size per process (default: 2 x batch_size).")
-    lr: float = _field(0.1, "Peak learning rate of the OneCycle schedule (its max_lr).")
-    momentum: float = _field(0.9, "SGD momentum, in [0, 1).")
-    nesterov: bool = _field(False, "Use Nesterov momentum.")
-    weight_decay: float = _field(5e-4, "SGD weight decay (L2), >= 0.")
-    label_smoothing: float = _field(0.1, "Label smoothing of the cross-entropy loss, in [0, 1).")
-    pct_start: float = _field(0.25, "OneCycle: fraction of the steps spent increasing the LR, in (0, 1).")
-    div_factor: float = _field(25.0, "OneCycle: initial LR = lr / div_factor; > 0.")
-    final_div_factor: float = _field(1e4, "OneCycle: final LR = initial LR / final_div_factor; > 0.")
-    anneal_strategy: str = _field("cos", "OneCycle annealing: cos or linear.")
-    three_phase: bool = _field(False, "OneCycle: three phases (up, down symmetric, then annihilate).")
+    batch_size: int = field(128, "Batch size per process (per GPU).", gt=0)
+    val_batch_size: int | None = field(
+        None, "Validation batch size per process (default: 2 x batch_size).", gt=0
+    )
+    lr: float = field(0.1, "Peak learning rate of the OneCycle schedule (its max_lr).", gt=0)
+    momentum: float = field(0.9, "SGD momentum, in [0, 1).", ge=0, lt=1)
+    nesterov: bool = field(False, "Use Nesterov momentum.")
+    weight_decay: float = field(5e-4, "SGD weight decay (L2), >= 0.", ge=0)
+    label_smoothing: float = field(0.1, "Label smoothing of the cross-entropy loss, in [0, 1).", ge=0, lt=1)
+    pct_start: float = field(
+        0.25, "OneCycle: fraction of the steps spent increasing the LR, in (0, 1).", gt=0, lt=1
+    )
+    div_factor: float = field(25.0, "OneCycle: initial LR = lr / div_factor; > 0.", gt=0)
+    final_div_factor: float = field(1e4, "OneCycle: final LR = initial LR / final_div_factor; > 0.", gt=0)
+    anneal_strategy: AnnealStrategy = field("cos", "OneCycle annealing: cos or linear.")
+    three_phase: bool = field(False, "OneCycle: three phases (up, down symmetric, then annihilate).")
 
     # --- speed ----------------------------------------------------------------------------------
-    amp: str = _field(
+    amp: AmpMode = field(
         "auto",
         "Mixed precision: off, fp16 (with a GradScaler), bf16, or auto (bf16 on a GPU that has it, "
         "fp16 on older GPUs, off on CPU).",
     )
-    channels_last: bool = _field(True, "Use the channels_last memory format for the model and inputs.")
-    compile: bool = _field(False, "Compile the model with torch.compile.")
-    cudnn_benchmark: bool = _field(True, "Let cuDNN pick the fastest convolution algorithms.")
-    num_workers: int = _field(4, "DataLoader worker processes per process (0: load in the main process).")
-    pin_memory: bool = _field(True, "Pin host memory of batches (CUDA only).")
-    non_blocking: bool = _field(True, "Copy batches to the GPU asynchronously.")
-    persistent_workers: bool = _field(True, "Keep DataLoader workers alive between epochs.")
-    prefetch_factor: int = _field(2, "Batches each DataLoader worker prepares in advance.")
-    drop_last: bool = _field(True, "Drop the last incomplete training batch.")
-    device: str = _field("auto", "Device: auto (CUDA if available), cpu or cuda.")
+    channels_last: bool = field(True, "Use the channels_last memory format for the model and inputs.")
+    compile: bool = field(False, "Compile the model with torch.compile.")
+    cudnn_benchmark: bool = field(True, "Let cuDNN pick the fastest convolution algorithms.")
+    num_workers: int = field(
+        4, "DataLoader worker processes per process (0: load in the main process).", ge=0
+    )
+    pin_memory: bool = field(True, "Pin host memory of batches (CUDA only).")
+    non_blocking: bool = field(True, "Copy batches to the GPU asynchronously.")
+    persistent_workers: bool = field(True, "Keep DataLoader workers alive between epochs.")
+    prefetch_factor: int = field(2, "Batches each DataLoader worker prepares in advance.", gt=0)
+    drop_last: bool = field(True, "Drop the last incomplete training batch.")
+    device: Device = field("auto", "Device: auto (CUDA if available), cpu or cuda.")
 
     # --- reproducibility, persistence, logging --------------------------------------------------
-    seed: int = _field(0, "Seed of the model initialisation, the data order and the augmentation.")
-    checkpoint_dir: str | None = _field(
+    seed: int = field(0, "Seed of the model initialisation, the data order and the augmentation.")
+    checkpoint_dir: str | None = field(
         None, "Directory of the per-epoch checkpoint; the run resumes from it if it holds one."
     )
-    resume_may_change: str = _field(
+    resume_may_change: str = field(
         "",
         "Comma-separated settings a resumed checkpoint may have been written with other values of "
         f"(any of {', '.join(RESUMABLE_CHANGES)}): the run goes on with the new ones; a new lr scales "
         "the rest of the OneCycle schedule.",
     )
-    log_every: int = _field(50, "Print a progress line every this many steps on rank 0 (0: per epoch only).")
-    dist_timeout_s: int = _field(600, "Timeout of collective operations across ranks, in seconds.")
+    log_every: int = field(
+        50, "Print a progress line every this many steps on rank 0 (0: per epoch only).", ge=0
+    )
+    dist_timeout_s: int = field(600, "Timeout of collective operations across ranks, in seconds.", gt=0)
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        self._check_values()
-
-    def _check_values(self) -> None:
-        _choice("model", self.model, MODELS)
-        _choice("dataset", self.dataset, DATASETS)
-        _choice("amp", self.amp, AMP_MODES)
-        _choice("device", self.device, DEVICES)
-        _choice("anneal_strategy", self.anneal_strategy, ANNEAL_STRATEGIES)
-        for name in ("epochs", "batch_size", "width", "prefetch_factor", "dist_timeout_s"):
-            _positive(name, getattr(self, name))
-        for name in ("synthetic_num_classes", "synthetic_train_samples", "synthetic_val_samples"):
-            _positive(name, getattr(self, name))
-        for name in ("image_size", "val_batch_size", "max_steps_per_epoch"):
-            if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
-        for name in ("lr", "div_factor", "final_div_factor"):
-            _positive(name, getattr(self, name))
-        for name in ("num_workers", "log_every"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if not 0 < self.pct_start < 1:
-            raise ConfigError(f"pct_start must be in (0, 1), got {self.pct_start!r}")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum!r}")
-        if not 0 <= self.label_smoothing < 1:
-            raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
-        for name in ("train_fraction", "val_fraction"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ConfigError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+        """The checks that involve several keys (types, choices and bounds are the fields')."""
         if self.test_held_out and self.val_fraction >= 1:
             raise ConfigError(
                 "test_held_out needs val_fraction < 1: the test images are those val_fraction leaves out"
@@ -221,13 +206,7 @@ class TrainConfig:
     def from_mapping(cls, values: Mapping[str, Any], source: str | None = None) -> TrainConfig:
         """Build a config from a mapping, rejecting unknown keys with the list of valid ones."""
         try:
-            not_names = [k for k in values if not isinstance(k, str)]
-            if not_names:
-                raise ConfigError(f"keys must be names, got {not_names[0]!r}")
-            unknown = sorted(set(values) - set(field_names()))
-            if unknown:
-                raise ConfigError(f"unknown key {unknown[0]!r}; valid keys: {', '.join(field_names())}")
-            return cls(**values)
+            return build(cls, values)
         except ConfigError as err:
             if source is None:
                 raise
@@ -249,36 +228,6 @@ def field_names() -> list[str]:
 def field_types() -> dict[str, Any]:
     """The annotated type of each field, resolved (the module uses postponed annotations)."""
     return typing.get_type_hints(TrainConfig)
-
-
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
-
-
-def _positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{name} must be > 0, got {value!r}")
-
-
-def _check_types(config: TrainConfig) -> None:
-    """Reject values of the wrong type (YAML and Python callers bypass argparse's conversion).
-
-    An int is accepted where a float is expected (``lr: 1`` in YAML) and converted.
-    """
-    for name, annotation in field_types().items():
-        value = getattr(config, name)
-        base, optional = unwrap_optional(annotation)
-        if value is None:
-            if optional:
-                continue
-            raise ConfigError(f"{name} must be a {base.__name__}, got None")
-        if base is float and isinstance(value, int) and not isinstance(value, bool):
-            setattr(config, name, float(value))
-            continue
-        # bool is a subclass of int: `batch_size: true` must not pass as 1.
-        if not isinstance(value, base) or (base is int and isinstance(value, bool)):
-            raise ConfigError(f"{name} must be a {base.__name__}, got {value!r}")
 
 
 def unwrap_optional(annotation: Any) -> tuple[type, bool]:

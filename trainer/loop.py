@@ -151,7 +151,7 @@ class _Run:
             pct_start=config.pct_start,
             div_factor=config.div_factor,
             final_div_factor=config.final_div_factor,
-            anneal_strategy=config.anneal_strategy,  # type: ignore[arg-type]
+            anneal_strategy=config.anneal_strategy,
             three_phase=config.three_phase,
             # OneCycleLR would otherwise overwrite SGD's momentum with its own 0.85-0.95 cycle,
             # and the momentum being tuned would have no effect.

@@ -8,60 +8,72 @@ A study file has four sections, and an optional fifth::
     resources:      what one trial gets: executor (slurm | local), nodes, GPUs, time, account...
     launcher:       where ``hpo launch --detach`` runs the launcher (partition, account, time...)
 
-Every error is one line, ``FILE: key.path: problem``, raised as :class:`StudyFileError` before
-anything touches a database or a scheduler. Unknown keys are rejected with the list of valid ones
-(as submitit does for its executor parameters): a typo must never be silently ignored.
+Each key is declared once, in a section's dataclass (``trainer.fields``): type, default, bounds and
+help text, which pydantic validates and :func:`json_schema` publishes (docs/study.schema.json, for
+editors). Every error is one line, ``FILE: key.path: problem``, raised as :class:`StudyFileError`
+before anything touches a database or a scheduler. Unknown keys are rejected with the list of valid
+ones (as submitit does for its executor parameters): a typo must never be silently ignored.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
 import math
 import re
-import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+
+from pydantic import Field, TypeAdapter
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
 
 from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig, field_names
 from trainer.errors import ConfigError
+from trainer.fields import KeyProblem, build, check_keys, config_dataclass, field, join, kind, nested
 
-METRICS = {
+if TYPE_CHECKING:
+    from pydantic.json_schema import CoreSchemaOrField
+
+Metric = Literal["val_accuracy", "val_loss", "train_accuracy", "train_loss"]
+Direction = Literal["maximize", "minimize"]
+METRICS: dict[Metric, Direction] = {
     "val_accuracy": "maximize",
     "val_loss": "minimize",
     "train_accuracy": "maximize",
     "train_loss": "minimize",
 }
-SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes")
-PRUNERS = ("none", "median", "percentile", "successive_halving", "hyperband", "threshold")
+Sampler = Literal["tpe", "random", "qmc", "gp", "cmaes"]
+OptunaPruner = Literal["none", "median", "percentile", "successive_halving", "hyperband", "threshold"]
 # Schedulers that exist only in Ray Tune: no Optuna pruner does what they do.
-RAY_ONLY_PRUNERS = ("pbt",)
+RayOnlyPruner = Literal["pbt"]
 # Costs a multi-objective study may minimize alongside its metric (see hpo.trial.task.cost_objective).
-COST_OBJECTIVES = ("gpu_hours", "cpu_hours", "epoch_time_s")
-EXECUTORS = ("local", "slurm")
-BACKENDS = ("optuna", "ray")
-PARAM_TYPES = ("float", "int", "categorical")
+CostObjective = Literal["gpu_hours", "cpu_hours", "epoch_time_s"]
+Executor = Literal["local", "slurm"]
+Backend = Literal["optuna", "ray"]
+ParamType = Literal["float", "int", "categorical"]
+
+SAMPLERS: tuple[str, ...] = typing.get_args(Sampler)
+PRUNERS: tuple[str, ...] = typing.get_args(OptunaPruner)
+RAY_ONLY_PRUNERS: tuple[str, ...] = typing.get_args(RayOnlyPruner)
+COST_OBJECTIVES: tuple[str, ...] = typing.get_args(CostObjective)
+EXECUTORS: tuple[str, ...] = typing.get_args(Executor)
+BACKENDS: tuple[str, ...] = typing.get_args(Backend)
+PARAM_TYPES: tuple[str, ...] = typing.get_args(ParamType)
 
 # Names that end up in sbatch scripts, job names and file paths: no quoting needed anywhere.
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ACCOUNT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
 _SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9-]*$")
+# A whole value written ${VAR} or ${VAR:-default}: hpo.config.loading reads it as the value of VAR.
+_VARIABLE = r"^\$\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\}$"
 
+# The names loading.py (and the tests) know these by.
+_KeyProblem = KeyProblem
+_join = join
 
-class _KeyProblem(Exception):
-    """A problem at a key path inside the document; the loader adds the file name."""
-
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"{path}: {problem}" if path else problem)
-        self.path = path
-        self.problem = problem
-
-
-def _field(default: Any = dataclasses.MISSING, help: str = "") -> Any:
-    return dataclasses.field(default=default, metadata={"help": help})
+_Section = TypeVar("_Section")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -69,84 +81,74 @@ def _field(default: Any = dataclasses.MISSING, help: str = "") -> Any:
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
+@config_dataclass()
 class SamplerSpec:
-    name: str = _field("tpe", f"One of {', '.join(SAMPLERS)} (Optuna's samplers).")
-    seed: int | None = _field(0, "Seed of the sampler, for a reproducible sequence of trials.")
-    options: dict[str, Any] = dataclasses.field(
-        default_factory=dict, metadata={"help": "Keyword arguments of the Optuna sampler class."}
-    )
-
-    def check(self) -> None:
-        _one_of("name", self.name, SAMPLERS)
+    name: Sampler = field("tpe", f"One of {', '.join(SAMPLERS)} (Optuna's samplers).")
+    seed: int | None = field(0, "Seed of the sampler, for a reproducible sequence of trials.")
+    options: dict[str, Any] = field(factory=dict, help="Keyword arguments of the Optuna sampler class.")
 
 
-@dataclasses.dataclass
+@config_dataclass()
 class PrunerSpec:
-    name: str = _field(
+    name: Literal[OptunaPruner, RayOnlyPruner] = field(
         "successive_halving",
         f"One of {', '.join(PRUNERS)} (Optuna's pruners), or, with the Ray backend only, pbt "
         "(Ray Tune's Population Based Training; options perturbation_interval, quantile_fraction, "
         "resample_probability, mutations).",
     )
-    options: dict[str, Any] = dataclasses.field(
-        default_factory=dict, metadata={"help": "Keyword arguments of the Optuna pruner class."}
-    )
-
-    def check(self) -> None:
-        _one_of("name", self.name, PRUNERS + RAY_ONLY_PRUNERS)
+    options: dict[str, Any] = field(factory=dict, help="Keyword arguments of the Optuna pruner class.")
 
 
-@dataclasses.dataclass
+@config_dataclass()
 class StudySection:
-    name: str = _field(help="Study name, unique in its storage ([A-Za-z0-9._-]).")
-    storage: str | None = _field(
+    name: str = field(help="Study name, unique in its storage ([A-Za-z0-9._-]).")
+    storage: str | None = field(
         None,
         "Storage URL: postgresql://user@host:port/db (password from PGPASSWORD or ~/.pgpass), "
         "sqlite:///path, journal:path, or empty for the embedded default (a journal file in workdir).",
     )
-    workdir: str | None = _field(
+    workdir: str | None = field(
         None, "Folder for job logs, checkpoints and the embedded storage (default: runs/<name>)."
     )
-    backend: str = _field(
+    backend: Backend = field(
         "optuna",
         "optuna (the launcher submits each trial as a job) or ray (Ray Tune inside one allocation, "
         "or a local Ray instance with the local executor).",
     )
-    metric: str = _field("val_accuracy", f"Objective, reported every epoch: one of {', '.join(METRICS)}.")
-    direction: str | None = _field(None, "maximize or minimize (default: what the metric implies).")
-    also_minimize: str | None = _field(
+    metric: Metric = field("val_accuracy", f"Objective, reported every epoch: one of {', '.join(METRICS)}.")
+    direction: Direction | None = field(None, "maximize or minimize (default: what the metric implies).")
+    also_minimize: CostObjective | None = field(
         None,
         f"A cost minimized alongside the metric, making a multi-objective study whose result is a "
         f"Pareto front: one of {', '.join(COST_OBJECTIVES)} (the trial's own). Optuna cannot prune "
         "such a study: set pruner to none.",
     )
-    sampler: SamplerSpec = dataclasses.field(default_factory=SamplerSpec)
-    pruner: PrunerSpec = dataclasses.field(default_factory=PrunerSpec)
-    n_trials: int = _field(20, "Trials in the study, those of earlier launches included.")
-    max_concurrent: int = _field(2, "Trials in flight at once.")
-    max_retries: int = _field(
+    sampler: Annotated[SamplerSpec, nested(SamplerSpec)] = field(
+        factory=SamplerSpec, help="The sampler that proposes each trial's parameters."
+    )
+    pruner: Annotated[PrunerSpec, nested(PrunerSpec)] = field(
+        factory=PrunerSpec, help="The pruner that stops unpromising trials early, from their epochs' metric."
+    )
+    n_trials: int = field(20, "Trials in the study, those of earlier launches included.", ge=1)
+    max_concurrent: int = field(2, "Trials in flight at once.", ge=1)
+    max_retries: int = field(
         1,
         "Times a failed trial (exception, job cancelled outside the service, node lost) is run "
         "again with the same parameters, from its last checkpoint; 0 never retries.",
+        ge=0,
     )
-    timeout: str | int | None = _field(
+    timeout: str | int | None = field(
         None, "Stop submitting new trials after this long (minutes, or 90s, 30m, 2h, 1-00:00:00)."
     )
-    enqueue: list[dict[str, Any]] = dataclasses.field(
-        default_factory=list,
-        metadata={"help": "Parameter sets to try first (e.g. the current hand-tuned one)."},
+    enqueue: list[dict[str, Any]] = field(
+        factory=list, help="Parameter sets to try first (e.g. the current hand-tuned one)."
     )
 
-    def check(self) -> None:
+    def __post_init__(self) -> None:
         _safe_name("name", self.name)
-        _one_of("backend", self.backend, BACKENDS)
-        _one_of("metric", self.metric, tuple(METRICS))
         if self.direction is None:
             self.direction = METRICS[self.metric]
-        _one_of("direction", self.direction, ("maximize", "minimize"))
         if self.also_minimize is not None:
-            _one_of("also_minimize", self.also_minimize, COST_OBJECTIVES)
             if self.pruner.name != "none":
                 raise _KeyProblem(
                     "pruner.name",
@@ -157,9 +159,6 @@ class StudySection:
                 raise _KeyProblem(
                     "also_minimize", "the ray backend optimizes one objective; use backend optuna"
                 )
-        _at_least("n_trials", self.n_trials, 1)
-        _at_least("max_concurrent", self.max_concurrent, 1)
-        _at_least("max_retries", self.max_retries, 0)
         if self.timeout is not None:
             parse_duration_min("timeout", self.timeout)
 
@@ -168,23 +167,23 @@ class StudySection:
         return None if self.timeout is None else parse_duration_min("timeout", self.timeout)
 
 
-@dataclasses.dataclass
+@config_dataclass()
 class ParamSpec:
-    type: str = _field(help=f"One of {', '.join(PARAM_TYPES)}.")
-    low: int | float | None = _field(None, "Lower bound (float and int).")
-    high: int | float | None = _field(None, "Upper bound, included (float and int).")
-    log: bool = _field(False, "Sample on a log scale (float and int).")
-    step: int | float | None = _field(None, "Discretisation step (float and int).")
-    choices: list[Any] | None = _field(None, "The values of a categorical parameter.")
-    power_of_two: bool = _field(False, "int only: the powers of two from low to high, as choices.")
-    scale_with_batch_size: int | None = _field(
+    type: ParamType = field(help=f"One of {', '.join(PARAM_TYPES)}.")
+    low: int | float | None = field(None, "Lower bound (float and int).")
+    high: int | float | None = field(None, "Upper bound, included (float and int).")
+    log: bool = field(False, "Sample on a log scale (float and int).")
+    step: int | float | None = field(None, "Discretisation step (float and int).")
+    choices: list[Any] | None = field(None, "The values of a categorical parameter.")
+    power_of_two: bool = field(False, "int only: the powers of two from low to high, as choices.")
+    scale_with_batch_size: int | None = field(
         None,
         "lr only: the sampled value is the LR for a global batch of this size; the trial uses it "
         "scaled linearly with its own global batch size (batch_size x GPUs).",
+        ge=1,
     )
 
-    def check(self) -> None:
-        _one_of("type", self.type, PARAM_TYPES)
+    def __post_init__(self) -> None:
         if self.type == "categorical":
             for key in ("low", "high", "step"):
                 if getattr(self, key) is not None:
@@ -232,8 +231,6 @@ class ParamSpec:
                     raise _KeyProblem(key, f"must be a power of two, got {value}")
             if self.log or self.step is not None:
                 raise _KeyProblem("power_of_two", "cannot be combined with log or step")
-        if self.scale_with_batch_size is not None:
-            _at_least("scale_with_batch_size", self.scale_with_batch_size, 1)
 
     def rejects(self, value: Any) -> str | None:
         """Why ``value`` is not in this distribution (an enqueued trial must be), or None."""
@@ -269,48 +266,39 @@ class ParamSpec:
         return [2**k for k in range(int(math.log2(low)), int(math.log2(high)) + 1)]
 
 
-@dataclasses.dataclass
+@config_dataclass()
 class Resources:
-    executor: str = _field(
+    executor: Executor = field(
         "local", "slurm (one Slurm job per trial, through submitit) or local (processes here)."
     )
-    nodes: int = _field(1, "Nodes per trial.")
-    tasks_per_node: int = _field(
+    nodes: int = field(1, "Nodes per trial.", ge=1)
+    tasks_per_node: int = field(
         1,
         "Processes per node (one per GPU for DDP). With the Ray backend, N > 1 makes each trial a DDP "
         "run of N Ray Train workers (TorchTrainer), each with cpus_per_task CPUs and gpus_per_node / N "
         "GPUs (nodes is then the size of the allocation the trials share).",
+        ge=1,
     )
-    gpus_per_node: int = _field(0, "GPUs per node.")
-    cpus_per_task: int = _field(1, "CPU cores per process (also the trainer's torch threads).")
-    mem_gb: float | None = _field(None, "Memory per node in GB (default: the partition's).")
-    time: str | int = _field("01:00:00", "Time limit of one trial's job (minutes, 30m, 2h, 1-00:00:00).")
-    worker_time: str | int | None = _field(
+    gpus_per_node: int = field(0, "GPUs per node.", ge=0)
+    cpus_per_task: int = field(1, "CPU cores per process (also the trainer's torch threads).", ge=1)
+    mem_gb: float | None = field(None, "Memory per node in GB (default: the partition's).", gt=0)
+    time: str | int = field("01:00:00", "Time limit of one trial's job (minutes, 30m, 2h, 1-00:00:00).")
+    worker_time: str | int | None = field(
         None,
         "Time limit of a --workers job (default: time x its share of the trials, at most 24 h).",
     )
-    partition: str | None = _field(None, "Slurm partition.")
-    account: str | None = _field(None, "Slurm account (--account).")
-    qos: str | None = _field(None, "Slurm QoS (--qos).")
-    constraint: str | None = _field(None, "Slurm node constraint (--constraint), e.g. a100 or h100.")
-    setup: list[str] = dataclasses.field(
-        default_factory=list,
-        metadata={
-            "help": "Shell lines run in the job before the trial (module load ..., conda activate ...)."
-        },
+    partition: str | None = field(None, "Slurm partition.")
+    account: str | None = field(None, "Slurm account (--account).")
+    qos: str | None = field(None, "Slurm QoS (--qos).")
+    constraint: str | None = field(None, "Slurm node constraint (--constraint), e.g. a100 or h100.")
+    setup: list[str] = field(
+        factory=list,
+        help="Shell lines run in the job before the trial (module load ..., conda activate ...).",
     )
-    sbatch: dict[str, Any] = dataclasses.field(
-        default_factory=dict, metadata={"help": "Extra sbatch options, e.g. {hint: nomultithread}."}
-    )
-    python: str | None = _field(None, "Python interpreter on the compute nodes (default: this one).")
+    sbatch: dict[str, Any] = field(factory=dict, help="Extra sbatch options, e.g. {hint: nomultithread}.")
+    python: str | None = field(None, "Python interpreter on the compute nodes (default: this one).")
 
-    def check(self) -> None:
-        _one_of("executor", self.executor, EXECUTORS)
-        for key in ("nodes", "tasks_per_node", "cpus_per_task"):
-            _at_least(key, getattr(self, key), 1)
-        _at_least("gpus_per_node", self.gpus_per_node, 0)
-        if self.mem_gb is not None and not self.mem_gb > 0:
-            raise _KeyProblem("mem_gb", f"must be > 0, got {self.mem_gb!r}")
+    def __post_init__(self) -> None:
         parse_duration_min("time", self.time)
         if self.worker_time is not None:
             parse_duration_min("worker_time", self.worker_time)
@@ -361,25 +349,22 @@ def _check_placement(
         _single_line(f"sbatch.{option}", str(value))
 
 
-@dataclasses.dataclass
+@config_dataclass()
 class LauncherSection:
     """Where ``hpo launch --detach`` runs the launcher: a small CPU job that mostly sleeps."""
 
-    partition: str | None = _field(None, "Partition of the launcher's job (a CPU one; Jean Zay: prepost).")
-    account: str | None = _field(None, "Account of the launcher's job (Jean Zay: your CPU account, abc@cpu).")
-    qos: str | None = _field(None, "QoS of the launcher's job.")
-    time: str | int = _field(
+    partition: str | None = field(None, "Partition of the launcher's job (a CPU one; Jean Zay: prepost).")
+    account: str | None = field(None, "Account of the launcher's job (Jean Zay: your CPU account, abc@cpu).")
+    qos: str | None = field(None, "QoS of the launcher's job.")
+    time: str | int = field(
         "20h", "Time limit of one run of the launcher's job; shortly before it, the job requeues itself."
     )
-    cpus_per_task: int = _field(1, "CPU cores of the launcher's job.")
-    sbatch: dict[str, Any] = dataclasses.field(
-        default_factory=dict, metadata={"help": "Extra sbatch options of the launcher's job."}
-    )
+    cpus_per_task: int = field(1, "CPU cores of the launcher's job.", ge=1)
+    sbatch: dict[str, Any] = field(factory=dict, help="Extra sbatch options of the launcher's job.")
 
-    def check(self) -> None:
+    def __post_init__(self) -> None:
         _check_placement(self.partition, self.account, self.qos, self.sbatch)
         parse_duration_min("time", self.time)
-        _at_least("cpus_per_task", self.cpus_per_task, 1)
 
     @property
     def time_min(self) -> int:
@@ -417,34 +402,47 @@ class StudySpec:
         return TrainConfig.from_mapping(values)
 
 
-_SECTIONS = {
-    "study": StudySection,
-    "search_space": None,
-    "trainer": None,
-    "resources": Resources,
-    "launcher": LauncherSection,
-}
+# A whole study file, for json_schema(); build_spec validates a document section by section, in the
+# order of its checks.
+@config_dataclass()
+class _StudyFile:
+    """A study file of `hpo launch`: the study, the trainer keys it tunes, the fixed trainer settings,
+    and what each trial gets."""
+
+    study: StudySection = field(help="The study: its name, storage, objective, sampler, pruner and budget.")
+    search_space: Annotated[dict[str, ParamSpec], Field(min_length=1)] = field(
+        help="The trainer keys to tune, each with the distribution its values are drawn from."
+    )
+    trainer: TrainConfig = field(
+        factory=TrainConfig, help="Fixed trainer settings (any key of `python -m trainer --help`)."
+    )
+    resources: Resources = field(
+        factory=Resources, help="What one trial gets: executor, nodes, GPUs, time..."
+    )
+    launcher: LauncherSection = field(
+        factory=LauncherSection, help="Where `hpo launch --detach` runs the launcher, as a Slurm job."
+    )
 
 
 def build_spec(document: dict[str, Any], source: str) -> StudySpec:
-    _reject_unknown(document, list(_SECTIONS), "")
+    check_keys(document, _StudyFile)
     if "study" not in document:
         raise _KeyProblem("study", "section is missing (it needs at least a name)")
-    study = _build(StudySection, document["study"], "study")
-    resources = _build(Resources, _or_empty(document.get("resources")), "resources")
+    study = _section(StudySection, document["study"], "study")
+    resources = _section(Resources, document.get("resources"), "resources")
     trainer = _or_empty(document.get("trainer"))
     if not isinstance(trainer, dict):
-        raise _KeyProblem("trainer", f"must be a mapping of trainer keys, got {_kind(trainer)}")
+        raise _KeyProblem("trainer", f"must be a mapping of trainer keys, got {kind(trainer)}")
     _check_trainer_section(trainer)
     space_doc = _or_empty(document.get("search_space"))
     if not isinstance(space_doc, dict):
-        raise _KeyProblem("search_space", f"must be a mapping of trainer keys, got {_kind(space_doc)}")
+        raise _KeyProblem("search_space", f"must be a mapping of trainer keys, got {kind(space_doc)}")
     if not space_doc:
         raise _KeyProblem("search_space", "is empty: name at least one trainer key to tune")
-    space = {}
-    for name, param_doc in space_doc.items():
-        space[name] = _build(ParamSpec, param_doc, f"search_space.{name}")
-    launcher = _build(LauncherSection, _or_empty(document.get("launcher")), "launcher")
+    space = {
+        name: _section(ParamSpec, param_doc, f"search_space.{name}") for name, param_doc in space_doc.items()
+    }
+    launcher = _section(LauncherSection, document.get("launcher"), "launcher")
     spec = StudySpec(
         source=source,
         study=study,
@@ -460,8 +458,21 @@ def build_spec(document: dict[str, Any], source: str) -> StudySpec:
     return spec
 
 
+def _section(cls: type[_Section], data: Any, path: str) -> _Section:
+    """One section of the document, its problems at their key path under ``path``."""
+    try:
+        return build(cls, data)
+    except KeyProblem as problem:
+        raise _KeyProblem(join(path, problem.path), problem.problem) from None
+
+
 def _or_empty(section: Any) -> Any:
     return {} if section is None else section
+
+
+def tunable_keys() -> list[str]:
+    """The trainer keys a search space may name: those that change what is computed, but the seed."""
+    return [name for name in field_names() if name not in RUNTIME_ONLY_FIELDS and name != "seed"]
 
 
 def _check_trainer_section(trainer: dict[str, Any]) -> None:
@@ -474,7 +485,7 @@ def _check_trainer_section(trainer: dict[str, Any]) -> None:
 
 
 def _check_space_against_trainer(spec: StudySpec) -> None:
-    valid = [name for name in field_names() if name not in RUNTIME_ONLY_FIELDS and name != "seed"]
+    valid = tunable_keys()
     for name, param in spec.search_space.items():
         path = f"search_space.{name}"
         if name not in valid:
@@ -509,121 +520,41 @@ def _check_enqueued(spec: StudySpec) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Generic dataclass construction with key paths
+# JSON schema
 # --------------------------------------------------------------------------------------------------
 
 
-def _build(cls: type[Any], data: Any, path: str) -> Any:
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise _KeyProblem(path, f"must be a mapping, got {_kind(data)}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    _reject_unknown(data, list(fields), path, cls)
-    hints = _type_hints(typing.cast(type, cls))
-    values = {}
-    for name, value in data.items():
-        values[name] = _convert(value, hints[name], _join(path, name))
-    for name, field in fields.items():
-        if (
-            name not in values
-            and field.default is dataclasses.MISSING
-            and field.default_factory is dataclasses.MISSING
-        ):
-            raise _KeyProblem(_join(path, name), "is required")
-    instance = cls(**values)
-    try:
-        instance.check()
-    except _KeyProblem as problem:
-        raise _KeyProblem(_join(path, problem.path), problem.problem) from None
-    return instance
+def json_schema() -> dict[str, Any]:
+    """The JSON schema (draft 2020-12) of a study file, for editors and CI (docs/study.schema.json)."""
+    schema = TypeAdapter(_StudyFile).json_schema(schema_generator=_StudyFileSchema)
+    # The service sets checkpoint_dir for each trial; the search space names tunable trainer keys only.
+    schema["$defs"]["TrainConfig"]["properties"].pop("checkpoint_dir")
+    schema["properties"]["search_space"]["propertyNames"] = {"enum": tunable_keys()}
+    return {"$schema": GenerateJsonSchema.schema_dialect, **schema, "title": "hpo study file"}
 
 
-@functools.cache
-def _type_hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+class _StudyFileSchema(GenerateJsonSchema):
+    """A scalar may also be written ``${VAR}`` or ``${VAR:-default}`` (hpo.config.loading reads it as
+    the variable's value before the schema applies); a key's description says more than its title."""
+
+    def field_title_should_be_set(self, schema: CoreSchemaOrField) -> bool:
+        return False
+
+    def int_schema(self, schema: core_schema.IntSchema) -> JsonSchemaValue:
+        return _or_variable(super().int_schema(schema))
+
+    def float_schema(self, schema: core_schema.FloatSchema) -> JsonSchemaValue:
+        return _or_variable(super().float_schema(schema))
+
+    def bool_schema(self, schema: core_schema.BoolSchema) -> JsonSchemaValue:
+        return _or_variable(super().bool_schema(schema))
+
+    def literal_schema(self, schema: core_schema.LiteralSchema) -> JsonSchemaValue:
+        return _or_variable(super().literal_schema(schema))
 
 
-def _convert(value: Any, annotation: Any, path: str) -> Any:
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin in (Union, types.UnionType):
-        if value is None:
-            if type(None) in args:
-                return None
-            raise _KeyProblem(path, f"must be {_describe(annotation)}, got null")
-        for option in args:
-            if option is type(None):
-                continue
-            try:
-                return _convert(value, option, path)
-            except _KeyProblem:
-                continue
-        raise _KeyProblem(path, f"must be {_describe(annotation)}, got {value!r}")
-    if dataclasses.is_dataclass(annotation):
-        return _build(typing.cast(type, annotation), value, path)
-    if origin is list:
-        if not isinstance(value, list):
-            raise _KeyProblem(path, f"must be a list, got {_kind(value)}")
-        return [_convert(item, args[0], f"{path}[{i}]") for i, item in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise _KeyProblem(path, f"must be a mapping, got {_kind(value)}")
-        for key in value:
-            if not isinstance(key, str):
-                raise _KeyProblem(path, f"keys must be names, got {key!r}")
-        return {key: _convert(item, args[1], _join(path, key)) for key, item in value.items()}
-    if annotation is Any:
-        return value
-    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, annotation) or (annotation in (int, float) and isinstance(value, bool)):
-        raise _KeyProblem(path, f"must be {_describe(annotation)}, got {value!r}")
-    if annotation is float and not math.isfinite(value):
-        raise _KeyProblem(path, f"must be a finite number, got {value!r}")
-    return value
-
-
-def _describe(annotation: Any) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
-    args = typing.get_args(annotation) or (annotation,)
-    return " or ".join(names.get(a, getattr(a, "__name__", str(a))) for a in args)
-
-
-def _reject_unknown(data: dict[str, Any], valid: list[str], path: str, cls: type[Any] | None = None) -> None:
-    for key in data:
-        if not isinstance(key, str):
-            raise _KeyProblem(path, f"keys must be names, got {key!r}")
-        if key not in valid:
-            close = difflib.get_close_matches(key, valid, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise _KeyProblem(
-                _join(path, key), f"unknown key{hint}; valid keys: {_list_with_defaults(valid, cls)}"
-            )
-
-
-def _list_with_defaults(valid: list[str], cls: type[Any] | None) -> str:
-    if cls is None:
-        return ", ".join(valid)
-    parts = []
-    for field in dataclasses.fields(cls):
-        if field.default is not dataclasses.MISSING:
-            parts.append(f"{field.name}={field.default!r}")
-        else:
-            parts.append(field.name)
-    return ", ".join(parts)
-
-
-def _join(path: str, key: str) -> str:
-    if not key:
-        return path
-    if not path:
-        return key
-    return f"{path}{key}" if key.startswith("[") else f"{path}.{key}"
-
-
-def _kind(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
+def _or_variable(schema: JsonSchemaValue) -> JsonSchemaValue:
+    return {"anyOf": [schema, {"type": "string", "pattern": _VARIABLE}]}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -669,16 +600,6 @@ def _slurm_minutes(text: str, match: re.Match[str]) -> float:
     if len(numbers) == 2:  # M:S
         return numbers[0] + numbers[1] / 60
     return numbers[0] * 60 + numbers[1] + numbers[2] / 60  # H:M:S
-
-
-def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise _KeyProblem(key, f"must be one of {', '.join(allowed)}; got {value!r}")
-
-
-def _at_least(key: str, value: int, minimum: int) -> None:
-    if value < minimum:
-        raise _KeyProblem(key, f"must be >= {minimum}, got {value!r}")
 
 
 def _safe_name(key: str, value: str) -> None:
