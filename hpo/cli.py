@@ -8,13 +8,12 @@ nothing submitted), 3 this machine or a service it needs is not ready (one line 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import hpo
-from hpo.commands import Request, execute, schema_text
+from hpo.commands import Request, execute_as_process, schema_text
 from trainer.cli import OneLineErrorParser
 from trainer.cli import main as train_main
 
@@ -110,13 +109,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(schema_text())
         return 0
     request = Request(**args, argv=argv)
-    # `kill` and Slurm's end of a launcher job send SIGTERM: stop as cleanly as on Ctrl-C.
-    signal.signal(signal.SIGTERM, _interrupt)
-    # A script's background job inherits SIGINT ignored (and Python then keeps ignoring it);
-    # `kill -INT` must still stop a launcher cleanly.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    return execute(request)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    return execute_as_process(request)

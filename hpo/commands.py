@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,6 +66,21 @@ def schema_text() -> str:
     from hpo.config.schema import json_schema
 
     return json.dumps(json_schema(), indent=2)
+
+
+def execute_as_process(request: Request) -> int:
+    """:func:`execute` as the main work of a process (the command line, a detached launcher's job):
+    SIGTERM stops it as cleanly as Ctrl-C, so that a launcher stopped by ``kill`` or by Slurm (its
+    job's time limit, a requeue) says which trials keep running."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    # A script's background job inherits SIGINT ignored (and Python then keeps ignoring it);
+    # `kill -INT` must still stop a launcher cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return execute(request)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def execute(request: Request) -> int:
@@ -187,7 +203,7 @@ def _detach(request: Request, spec: StudySpec) -> int:
     from hpo.slurm import detach
 
     again = dataclasses.replace(request, detach=False, argv=[a for a in request.argv if a != "--detach"])
-    job_id = detach.submit(spec, functools.partial(execute, again), again.argv)
+    job_id = detach.submit(spec, functools.partial(execute_as_process, again), again.argv)
     print(
         f"launcher submitted as Slurm job {job_id} ({spec.launcher.time_min} min per run, requeued before its limit)"
     )
