@@ -92,7 +92,8 @@ def config_dataclass(*, flat: bool = False, allow_inf_nan: bool = False) -> Call
         validating_init = made.__init__
 
         @functools.wraps(validating_init)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        # `self` positional-only: a key named self is one more unknown key, not a clash with it.
+        def __init__(self: Any, /, *args: Any, **kwargs: Any) -> None:
             try:
                 validating_init(self, *args, **kwargs)
             except ValidationError as err:

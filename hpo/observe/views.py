@@ -18,7 +18,7 @@ from hpo import record, search
 from hpo.errors import LaunchError, NotReadyError, StudyFileError, one_line
 from hpo.record import ATTR_FINAL_PARAMS, ATTR_RETRY_OF, ATTR_SCHEDULE
 from hpo.slurm import accounting, executors
-from hpo.storage import StorageRef, mask, open_storage
+from hpo.storage import StorageRef, is_transient, mask, open_storage
 from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig
 from trainer.errors import ConfigError
 
@@ -35,15 +35,22 @@ def open_study(spec: StudySpec, ref: StorageRef) -> optuna.Study:
         raise StudyFileError(f"{spec.source}: study.name: no study {spec.study.name!r} in {mask(str(ref))}; "
                              "run `hpo launch` first") from None  # fmt: skip
     except optuna.exceptions.StorageInternalError as err:
-        raise LaunchError(f"cannot read {mask(str(ref))}: {err}") from None
+        if not is_transient(err):
+            raise LaunchError(f"cannot read {mask(str(ref))}: {err}") from None
+        # Optuna wraps the refused connection: the driver's own line says what happened.
+        raise _unreachable(spec, ref, err.__cause__ or err) from None
     except Exception as err:  # drivers raise many types for an unreachable server
-        raise NotReadyError(
-            f"{spec.source}: study.storage: cannot open {mask(str(ref))}: "
-            f"{one_line(getattr(err, 'orig', None) or err, name=False)}",
-            "start the database server, or name another with --storage URL",
-        ) from None
+        raise _unreachable(spec, ref, err) from None
     search.check_direction(study, spec)  # a file whose objectives changed would misread it
     return study
+
+
+def _unreachable(spec: StudySpec, ref: StorageRef, err: BaseException) -> NotReadyError:
+    return NotReadyError(
+        f"{spec.source}: study.storage: cannot open {mask(str(ref))}: "
+        f"{one_line(getattr(err, 'orig', None) or err, name=False)}",
+        "start the database server, or name another with --storage URL",
+    )
 
 
 def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCost | None = None) -> list[str]:
