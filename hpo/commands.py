@@ -91,17 +91,27 @@ def execute(request: Request) -> int:
         print(f"hpo {request.command}: interrupted", file=sys.stderr)
         return exit_status(KeyboardInterrupt())
     except (StudyFileError, NotReadyError, LaunchError) as err:
-        print(f"hpo {request.command}: error: {err}", file=sys.stderr)
+        print(f"hpo {request.command}: error: {_escape_line_breaks(str(err))}", file=sys.stderr)
         return exit_status(err)
     except Exception as err:
         if os.environ.get("HPO_DEBUG"):
             raise
         # An unforeseen failure (a database outage...): one line, not a traceback.
         print(
-            f"hpo {request.command}: error: {one_line(err, last=True)} (HPO_DEBUG=1 shows the traceback)",
+            f"hpo {request.command}: error: {_escape_line_breaks(one_line(err, last=True))} "
+            "(HPO_DEBUG=1 shows the traceback)",
             file=sys.stderr,
         )
         return exit_status(err)
+
+
+# Every character that ends a line for str.splitlines(): a message quoting the study file (a key
+# written "a\rb") must stay one line, so each is written as its escape.
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def _escape_line_breaks(message: str) -> str:
+    return message.translate(_LINE_BREAKS)
 
 
 def run(request: Request) -> int:

@@ -6,6 +6,9 @@ shared cluster, nobody else may read or replace them.
 
 from __future__ import annotations
 
+import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +23,38 @@ def private_dir(path: Path) -> Path:
         if not folder.exists():
             folder.mkdir(mode=0o700, exist_ok=True)
     return path
+
+
+def why_not_creatable(path: Path) -> str | None:
+    """Why the folder ``path`` could not be created by :func:`private_dir` (None: it can be, or it
+    exists and is writable). Creates nothing that stays: a throw-away folder made and removed in
+    the nearest existing ancestor tells what mkdir would say there (also as root, on /proc...)."""
+    missing = False
+    folder = path
+    while True:
+        try:
+            mode = os.stat(folder).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            # NotADirectoryError: some ancestor is a file; the loop reaches it and says so.
+            missing = True
+            if folder.parent == folder:
+                return f"{folder} does not exist"
+            folder = folder.parent
+            continue
+        except OSError as err:
+            return f"{folder}: {err.strerror or err}"
+        except ValueError:
+            return "contains a NUL character"
+        break
+    if not stat.S_ISDIR(mode):
+        return f"{folder} is a file, not a folder"
+    if not missing:
+        return None if os.access(folder, os.W_OK | os.X_OK) else f"{folder} is not writable"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".hpo-check-", dir=folder))
+    except OSError as err:
+        return f"mkdir in {folder} fails: {err.strerror or err}"
+    return None
 
 
 def trial_dir(spec: StudySpec, trial_key: int | str) -> Path:

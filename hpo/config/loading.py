@@ -18,7 +18,7 @@ import yaml
 from hpo.config.schema import StudySpec, _join, _KeyProblem, build_spec
 from hpo.errors import StudyFileError
 from trainer.errors import ConfigError
-from trainer.yamlfile import YamlLoader, load_yaml_mapping
+from trainer.yamlfile import MAX_DEPTH, YamlLoader, load_yaml_mapping
 
 _INTERPOLATION = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -45,7 +45,9 @@ def load_study(
         key = _apply_override(document, assignment, source)
         overridden.append(key)
     try:
-        return build_spec(document, source)
+        spec = build_spec(document, source)
+        _check_paths(spec)
+        return spec
     except _KeyProblem as problem:
         culprit = next(
             (k for k in overridden if problem.path == k or problem.path.startswith((k + ".", k + "["))), None
@@ -53,6 +55,22 @@ def load_study(
         label = (labels or {}).get(culprit or "", f"--set {culprit}")
         where = f"{source} ({label})" if culprit else source
         raise StudyFileError(f"{where}: {problem}") from None
+
+
+def _check_paths(spec: StudySpec) -> None:
+    """The paths the study names must be usable as paths (the schema checks they are strings):
+    what would otherwise fail later as a RuntimeError or a ValueError, is a key problem here."""
+    for key, text in (("study.workdir", spec.study.workdir), ("study.storage", spec.study.storage)):
+        if not text:
+            continue
+        if "\0" in text:
+            raise _KeyProblem(key, "contains a NUL character")
+        path = text.removeprefix("journal:").removeprefix("//") if key == "study.storage" else text
+        if path.startswith("~"):
+            try:
+                Path(path).expanduser()
+            except RuntimeError:  # ~name of no user, or no HOME
+                raise _KeyProblem(key, f"cannot expand {path.split('/')[0]!r}: no such user's home") from None
 
 
 def _interpolate(value: Any, path: str) -> Any:
@@ -99,6 +117,8 @@ def _apply_override(document: dict[str, Any], assignment: str, source: str) -> s
         raise StudyFileError(f"--set {assignment}: the value is not valid YAML") from None
     node = document
     parts = key.split(".")
+    if len(parts) > MAX_DEPTH:
+        raise StudyFileError(f"--set {key[:80]}...: a key path of more than {MAX_DEPTH} parts")
     for depth, part in enumerate(parts[:-1]):
         child = node.get(part)
         if child is None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import re
 import shutil
+import stat
 import subprocess
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpo.errors import NotReadyError, StudyFileError
@@ -36,6 +38,7 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
                 f"{spec.source}: resources: --workers runs single-process trials; this study's trials "
                 f"have {spec.resources.world_size} processes (use per-trial jobs for DDP trials)"
             )
+    check_folders(spec)
     if dry_run:
         return
     if detach and executor != "slurm":
@@ -49,6 +52,29 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
         check_partition_capacity(spec, nodes, gpus, cpus)
     else:
         check_local_data(spec)
+
+
+def check_folders(spec: StudySpec) -> None:
+    """The workdir (and a journal file's folder) must be creatable, before anything is submitted;
+    a dry run checks it too, creating nothing."""
+    from hpo.paths import why_not_creatable
+    from hpo.storage import JOURNAL_PREFIX
+
+    folders = [("study.workdir", spec.workdir)]
+    if spec.study.storage and spec.study.storage.startswith(JOURNAL_PREFIX):
+        journal = Path(spec.study.storage[len(JOURNAL_PREFIX) :])
+        try:
+            mode: int | None = journal.stat().st_mode
+        except (OSError, ValueError):
+            mode = None  # not there yet (or not reachable: the folder's check says why)
+        if mode is not None and not stat.S_ISREG(mode):
+            raise StudyFileError(f"{spec.source}: study.storage: {journal} is not a journal file")
+        if journal.parent != spec.workdir:
+            folders.append(("study.storage", journal.parent))
+    for key, folder in folders:
+        problem = why_not_creatable(folder)
+        if problem is not None:
+            raise StudyFileError(f"{spec.source}: {key}: cannot create {folder}: {problem}")
 
 
 def check_ray_settings(spec: StudySpec) -> None:
