@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stops what deploy/local-cluster/up.sh started: jobs, slurmd n1 and n2, slurmctld, slurmdbd,
+# Stops what deploy/local-cluster/up.sh started: jobs, slurmd n1, n2 and n3, slurmctld, slurmdbd,
 # MariaDB, munged and PostgreSQL. Idempotent: whatever is not running is skipped. Configuration,
 # passwords, accounting and database contents stay, for the next up.sh.
 set -euo pipefail

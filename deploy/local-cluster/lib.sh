@@ -2,7 +2,7 @@
 # shellcheck shell=bash disable=SC2034  # the names are used by the scripts that source this
 
 CLUSTER=localcluster
-NODES=(n1 n2)
+NODES=(n1 n2 n3)
 PG_VERSION=15
 PG_CLUSTER=main
 PG_PORT=5432

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Starts a local test cluster on this one Debian 12 host, without systemd: a two-node Slurm (two
-# slurmd daemons emulating n1 and n2, slurmctld, slurmdbd on MariaDB for sacct, munge) and a
+# Starts a local test cluster on this one Debian 12 host, without systemd: a three-node Slurm (three
+# slurmd daemons emulating n1, n2 and n3, slurmctld, slurmdbd on MariaDB for sacct, munge) and a
 # PostgreSQL 15 database for the HPO service. Idempotent: what already runs is left running, so a
 # second run only checks (a few seconds). Progress goes to stderr; the last line on stdout is the
 # database URL (no password: it is in ~/.pgpass), so URL=$(deploy/local-cluster/up.sh | tail -1).
@@ -46,7 +46,7 @@ fi
 install -d -m 755 "$SLURM_RUN" "$SLURM_LOG" /var/lib/slurm/slurmctld
 
 # ---- 2. Host names ---------------------------------------------------------------------------
-# n1 and n2 are emulated on this host: they (and this host's own name, which slurm.conf uses)
+# n1, n2 and n3 are emulated on this host: they (and this host's own name, which slurm.conf uses)
 # must resolve to 127.0.0.1 so that a DDP rendezvous on "n1" reaches this machine. Append only:
 # /etc/hosts may be a bind mount (containers) that cannot be replaced.
 HOST=$(hostname -s)
@@ -144,7 +144,7 @@ update_file /etc/slurm/slurmdbd.conf "$(render "$HERE/slurmdbd.conf.in" \
     @STORAGE_PASS@ "$dbd_pass")" 600 && dbd_conf_changed=1
 chown root:root /etc/slurm/slurm.conf /etc/slurm/slurmdbd.conf
 
-# ---- 6. slurmdbd, then the cluster's record, then slurmctld and the two slurmd --------------
+# ---- 6. slurmdbd, then the cluster's record, then slurmctld and the slurmd -------------------
 if ((dbd_conf_changed)); then stop_daemon "$SLURMDBD_PID" slurmdbd; fi
 dbd_ok() { sacctmgr -n -P list cluster format=cluster >/dev/null 2>&1; }
 if ! daemon_pid "$SLURMDBD_PID" slurmdbd >/dev/null; then
@@ -178,12 +178,12 @@ for node in "${NODES[@]}"; do
     fi
 done
 
-# ---- 7. Wait for both nodes, then run real jobs --------------------------------------------
+# ---- 7. Wait for the nodes, then run real jobs ---------------------------------------------
 # A node is usable once it answers (no "*" after its state) and is not down or drained; a node
 # drained by an earlier failure is resumed, as this is a throw-away test cluster.
 nodes_up() {
     local states node state ok=0
-    states=$(sinfo -h -N -p debug -o '%N %t' 2>/dev/null) || return 1
+    states=$(sinfo -h -N -o '%N %t' 2>/dev/null) || return 1
     for node in "${NODES[@]}"; do
         state=$(awk -v n="$node" '$1 == n {print $2}' <<<"$states")
         case $state in

@@ -126,7 +126,7 @@ def check_executor_available(spec: StudySpec, executor: str) -> None:
 
 def check_partition_capacity(spec: StudySpec, nodes: int, gpus_per_node: int, cpus_per_node: int) -> None:
     """Refuse, before submitting, a job that the partition can never run (it would pend forever)."""
-    args = ["sinfo", "-h", "-N", "-o", "%N|%c|%G"]
+    args = ["sinfo", "-h", "-N", "-o", "%N|%c|%G|%P"]
     if spec.resources.partition:
         args += ["-p", spec.resources.partition]
     try:
@@ -135,7 +135,9 @@ def check_partition_capacity(spec: StudySpec, nodes: int, gpus_per_node: int, cp
         return  # no sinfo answer: let sbatch judge
     capacity: dict[str, tuple[int, int]] = {}
     for line in out.splitlines():
-        name, cpus, gres = [*line.split("|"), "", ""][:3]
+        name, cpus, gres, partition = [*line.split("|"), "", "", ""][:4]
+        if not spec.resources.partition and not partition.endswith("*"):
+            continue  # sbatch without --partition uses the default one, which sinfo marks with *
         gpus = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", gres))
         capacity[name] = (int(cpus) if cpus.isdigit() else 0, gpus)
     where = f"partition {spec.resources.partition}" if spec.resources.partition else "the default partition"
