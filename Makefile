@@ -31,8 +31,10 @@ cluster:
 cluster-down:
 	bash deploy/local-cluster/down.sh
 
+# Two pytest workers: one runs every test of the shared Slurm cluster and PostgreSQL in turn (they
+# inject faults into them), the other the tests that share nothing with those (tests/conftest.py).
 test: lint cluster
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2 --dist loadgroup
 
 # The main job on the embedded default: a 10-trial study of a narrow ResNet on the real
 # Fashion-MNIST, trials as local processes, the study in runs/quickstart/; ends with the best trial.

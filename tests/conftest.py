@@ -59,3 +59,16 @@ def run_trainer_cli(
         text=True,
         timeout=timeout,
     )
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Two groups for `pytest -n 2 --dist loadgroup` (the test command): the tests of the shared
+    local Slurm cluster and PostgreSQL run one after another on one worker, since they inject
+    faults into them (a lost node, a killed slurmd) that a test running beside would suffer; the
+    tests that share nothing with those run on the other worker. Without -n the marks do nothing."""
+    for item in items:
+        shared = "local_cluster" in item.fixturenames or item.get_closest_marker("shares_host") is not None
+        if item.get_closest_marker("isolated") is not None:
+            shared = False
+        item.add_marker(pytest.mark.xdist_group("shared-cluster" if shared else "beside"))
