@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="submit K long-running worker jobs (one job array) that pull trials",
     )
     launch.add_argument(
+        "--allow-space-change",
+        action="store_true",
+        help="resume a stored study whose search space the file changed (where Optuna can still "
+        "model its trials); without it, such a relaunch is refused",
+    )
+    launch.add_argument(
         "--dry-run", action="store_true", help="print the resolved study and the job script; submit nothing"
     )
     launch.add_argument(

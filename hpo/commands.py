@@ -50,6 +50,7 @@ class Request:
     workers: int | None = None
     dry_run: bool = False
     detach: bool = False
+    allow_space_change: bool = False
     # tunnel, dashboard, report, logs
     open: bool = False
     host: str = "127.0.0.1"
@@ -153,17 +154,19 @@ def launch(request: Request, spec: StudySpec, storage: StorageRef) -> int:
         _print_dry_run(spec, storage, executor)
         return 0
     if request.detach:
-        return _detach(request, spec)
+        return _detach(request, spec, storage)
     if spec.study.backend == "ray":
         from hpo.dispatch import common
         from hpo.dispatch.ray import launch as ray_launch
 
-        study = ray_launch.launch(spec, storage, executor)
+        study = ray_launch.launch(spec, storage, executor, allow_space_change=request.allow_space_change)
         best = common.summarize(study, spec).best_number
     else:
         from hpo.dispatch import launch as launcher
 
-        options = launcher.LaunchOptions(executor=executor, workers=request.workers)
+        options = launcher.LaunchOptions(
+            executor=executor, workers=request.workers, allow_space_change=request.allow_space_change
+        )
         best = launcher.launch(spec, storage, options).best_number
     if best is None:
         raise LaunchError(f"no trial of study {spec.study.name!r} completed; see `hpo status {spec.source}`")
@@ -202,15 +205,22 @@ def observe(request: Request, spec: StudySpec, storage: StorageRef) -> int:
         sys.stdout.write(views.trial_log(spec, study, request.trial, request.err))
         return 0
     elif request.command == "cancel":
-        lines = views.cancel(spec, study)
+        lines = views.cancel(spec, storage, study)
     else:
         raise StudyFileError(f"unknown command {request.command!r}")
     print("\n".join(lines))
     return 0
 
 
-def _detach(request: Request, spec: StudySpec) -> int:
+def _detach(request: Request, spec: StudySpec, storage: StorageRef) -> int:
+    from hpo.dispatch.lease import Lease, StudyBusy
     from hpo.slurm import detach
+
+    holder = Lease(storage, spec.study.name).held_by_another()
+    if holder is not None:  # a second launcher job would only be refused when it starts
+        raise StudyBusy(
+            f"study {spec.study.name!r} is being launched by {holder}", "wait for it, or `hpo cancel` it"
+        )
 
     again = dataclasses.replace(request, detach=False, argv=[a for a in request.argv if a != "--detach"])
     job_id = detach.submit(spec, functools.partial(execute_as_process, again), again.argv)
@@ -243,7 +253,7 @@ def _print_dry_run(spec: StudySpec, storage: StorageRef, executor: str) -> None:
         print(
             f"# sbatch script of each trial job (submitted by submitit; folder {executors.jobs_folder(spec)})"
         )
-        print(executors.render_sbatch(spec, f"hpo-{spec.study.name}").rstrip())
+        print(executors.render_sbatch(spec, executors.job_name(spec)).rstrip())
     else:
         print(f"# each trial runs as a local process: {sys.executable} -m submitit.core._submit <job folder>")
     print("# dry run: nothing submitted")

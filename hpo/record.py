@@ -50,6 +50,9 @@ ATTR_IMAGES_PER_S = "images_per_s"
 # Accuracy on the held-out test images (trainer.test_held_out), for the completed trials.
 ATTR_TEST_ACCURACY = "test_accuracy"
 ATTR_SURPLUS = "surplus"
+ATTR_NOT_RUN = "not_run"
+"""Set on a trial closed before its job was submitted (a submission that failed, a launcher stopped
+between ask and submit, a cancel in between): FAIL with its reason, not counted, not retried."""
 ATTR_JOB_KIND = "job_kind"
 """slurm or local: where a --workers worker (executor "worker") runs."""
 ATTR_INFEASIBLE = "infeasible"
@@ -68,19 +71,25 @@ ATTR_RESTARTS = "restarts"
 SYSTEM_ATTR_FAILED_TRIAL = "failed_trial"
 SYSTEM_ATTR_RETRY_HISTORY = "retry_history"
 REASON_CANCELLED = "cancelled by hpo cancel"
+REASON_NO_PROGRESS = "no epoch finished between requeues"
 # Study user attributes.
 STUDY_ATTR_CANCEL = "hpo_cancel_requested_at"
+STUDY_ATTR_CANCEL_SEEN = "hpo_cancel_seen_at"
+"""The cancel request a launcher has seen and obeys: it submits nothing more."""
 STUDY_ATTR_RAY_JOB = "hpo_ray_job"
 """The Slurm job id of a Ray-backed study's allocation."""
 STUDY_ATTR_ENQUEUED = "hpo_enqueued"
+STUDY_ATTR_DEFINITION = "hpo_definition"
+"""What gives the study's values their meaning (hpo.search.definition): a relaunch is checked
+against it."""
 ATTR_RETRY_OF = "retry_of"
 """The number of the failed trial a retry repeats."""
 # Population Based Training (Ray backend): what PBT changed, and the values a member ended with.
 ATTR_SCHEDULE = "pbt_schedule"
 ATTR_FINAL_PARAMS = "pbt_final_params"
 CONSTRAINT_MEMORY = "out_of_memory"
-# A failure that a retry cannot help: the user stopped the study.
-_NOT_RETRIED_PREFIXES = (REASON_CANCELLED,)
+# Failures that a retry cannot help: the user stopped the study; the job's time limit is too short.
+_NOT_RETRIED_PREFIXES = (REASON_CANCELLED, REASON_NO_PROGRESS)
 
 
 def now_iso() -> str:
@@ -169,8 +178,38 @@ def mark_surplus(study: optuna.Study, trial: optuna.Trial) -> None:
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
 
+def close_not_run(
+    study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial | int, reason: str
+) -> None:
+    """Fail a trial whose job was never submitted; the budget does not count it. Raises
+    RuntimeError or ValueError if the trial was told meanwhile: then its state stands."""
+
+    number, found = _ids(study, trial)
+    study._storage.set_trial_user_attr(found, ATTR_NOT_RUN, True)
+    study._storage.set_trial_user_attr(found, ATTR_FAIL_REASON, reason)
+    study.tell(number, state=optuna.trial.TrialState.FAIL)
+
+
+def stored_definition(study: optuna.Study) -> dict[str, Any] | None:
+    value = study.user_attrs.get(STUDY_ATTR_DEFINITION)
+    return dict(value) if isinstance(value, dict) else None
+
+
+def store_definition(study: optuna.Study, definition: dict[str, Any]) -> None:
+    study.set_user_attr(STUDY_ATTR_DEFINITION, definition)
+
+
 def request_cancel(study: optuna.Study, at_unix: float) -> None:
     study.set_user_attr(STUDY_ATTR_CANCEL, at_unix)
+
+
+def acknowledge_cancel(study: optuna.Study, requested_at: float) -> None:
+    study.set_user_attr(STUDY_ATTR_CANCEL_SEEN, requested_at)
+
+
+def cancel_seen_at(study: optuna.Study) -> float:
+    """The cancel request (unix time) that a launcher has confirmed it obeys; 0 if none."""
+    return float(study.user_attrs.get(STUDY_ATTR_CANCEL_SEEN, 0.0))
 
 
 def set_ray_job(study: optuna.Study, job_id: str) -> None:
@@ -217,7 +256,7 @@ def queue_retries(study: optuna.Study, max_retries: int) -> list[int]:
     for trial in trials:
         if trial.state != optuna.trial.TrialState.FAIL or trial.number in already:
             continue
-        if trial.user_attrs.get(ATTR_SURPLUS) or not trial.params:
+        if trial.user_attrs.get(ATTR_SURPLUS) or trial.user_attrs.get(ATTR_NOT_RUN) or not trial.params:
             continue  # closed unrun, or failed before it had parameters: nothing to repeat
         if str(trial.user_attrs.get(ATTR_FAIL_REASON, "")).startswith(_NOT_RETRIED_PREFIXES):
             continue
@@ -252,7 +291,13 @@ def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     failed ones whose retry (queued or run) takes their place."""
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
-    return [t for t in trials if not t.user_attrs.get(ATTR_SURPLUS) and t.number not in retried]
+    return [
+        t
+        for t in trials
+        if not t.user_attrs.get(ATTR_SURPLUS)
+        and not t.user_attrs.get(ATTR_NOT_RUN)
+        and t.number not in retried
+    ]
 
 
 def retried_numbers(trials: list[optuna.trial.FrozenTrial]) -> set[int]:

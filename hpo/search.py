@@ -7,7 +7,10 @@ ask ``should_prune`` and tell), so that both build the same pruner from the same
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import inspect
+import json
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -15,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
+from hpo import record
 from hpo.config import RAY_ONLY_PRUNERS
 from hpo.errors import NotReadyError, StudyFileError, one_line
+from trainer.config import TrainConfig
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -113,6 +118,12 @@ def load(spec: StudySpec, storage: BaseStorage, *, create: bool) -> optuna.Study
     ray_only = spec.study.pruner.name in RAY_ONLY_PRUNERS
     pruner = optuna.pruners.NopPruner() if ray_only else build_pruner(spec.study.pruner, spec.source)
     if create:
+        # Loading first: creating a study that exists writes a refused entry to a journal, and a
+        # relaunch refused for its study file must leave the storage as it was.
+        with contextlib.suppress(KeyError):
+            return optuna.load_study(
+                study_name=spec.study.name, storage=storage, sampler=sampler, pruner=pruner
+            )
         return optuna.create_study(
             study_name=spec.study.name,
             storage=storage,
@@ -150,6 +161,112 @@ def check_direction(study: optuna.Study, spec: StudySpec) -> None:
             f"{spec.source}: study.direction: the stored study {spec.study.name!r} is {stored[0]}, "
             f"the file says {spec.study.direction}"
         )
+
+
+def definition(spec: StudySpec) -> dict[str, Any]:
+    """What gives a study's values their meaning: the metric and directions, the search space,
+    and the fixed trainer settings that change what a trial computes (not those that only change
+    how fast: ``trainer.config.RUNTIME_ONLY_FIELDS``). Stored on the study; JSON values."""
+    fixed = TrainConfig.from_mapping(dict(spec.trainer)).training_fingerprint()
+    value = {
+        "objectives": objective_names(spec),
+        "directions": directions(spec),
+        "search_space": {
+            name: {k: v for k, v in dataclasses.asdict(param).items() if v is not None and v is not False}
+            for name, param in spec.search_space.items()
+        },
+        "fixed": {k: v for k, v in fixed.items() if k not in spec.search_space},
+    }
+    normalized: dict[str, Any] = json.loads(json.dumps(value, default=str))  # as it reads back
+    return normalized
+
+
+def check_definition(study: optuna.Study, spec: StudySpec, *, allow_space_change: bool) -> bool:
+    """Refuse a study file that would change what the stored study's values mean (exit 2, with the
+    difference): another metric, other fixed settings, or a search space changed without
+    ``allow_space_change`` (and, even with it, a change Optuna cannot model the stored trials
+    with). Returns whether the definition to store differs from the stored one."""
+    current = definition(spec)
+    stored = record.stored_definition(study)
+    where, name = spec.source, spec.study.name
+    _check_space_compatible(study, spec)
+    if stored is None:
+        return True  # a new study, or one stored before definitions were: nothing to compare
+    check_metric(study, spec)
+    fixed_changes = _differences(stored.get("fixed", {}), current["fixed"])
+    if fixed_changes:
+        key, how = fixed_changes[0]
+        more = f" (and {len(fixed_changes) - 1} more)" if len(fixed_changes) > 1 else ""
+        raise StudyFileError(
+            f"{where}: trainer.{key}: {how} since the stored study {name!r}{more}; its trials would not "
+            "compare with the new ones (other fixed settings need a new study.name)"
+        )
+    space_changes = _differences(stored.get("search_space", {}), current["search_space"])
+    if space_changes and not allow_space_change:
+        key, how = space_changes[0]
+        more = f" (and {len(space_changes) - 1} more)" if len(space_changes) > 1 else ""
+        raise StudyFileError(
+            f"{where}: search_space.{key}: {how} since the stored study {name!r}{more}; "
+            "pass --allow-space-change to go on with the new space"
+        )
+    return stored != current
+
+
+def check_metric(study: optuna.Study, spec: StudySpec) -> None:
+    """The file measures what the stored study measured (a view would show one metric's values
+    under another's name)."""
+    stored = (record.stored_definition(study) or {}).get("objectives")
+    if stored is not None and stored != objective_names(spec):
+        raise StudyFileError(
+            f"{spec.source}: study.metric: the stored study {spec.study.name!r} measured {', '.join(stored)}, "
+            f"the file says {', '.join(objective_names(spec))}; the values would mix under one name "
+            "(a new metric needs a new study.name)"
+        )
+
+
+def _check_space_compatible(study: optuna.Study, spec: StudySpec) -> None:
+    """Optuna refuses, at the first ask, a parameter whose kind, log scale or categorical choices
+    differ from a stored trial's: say it before anything is asked, naming the parameter."""
+    new = distributions(spec)
+    for trial in study.get_trials(deepcopy=False):
+        for param, old in trial.distributions.items():
+            if param not in new:
+                continue
+            try:
+                optuna.distributions.check_distribution_compatibility(old, new[param])
+            except ValueError as err:
+                raise StudyFileError(
+                    f"{spec.source}: search_space.{param}: the stored study {spec.study.name!r} drew it from "
+                    f"{_shown(old)}, the file from {_shown(new[param])}; Optuna cannot model the stored "
+                    f"trials with both ({one_line(err, name=False)}): use a new study.name"
+                ) from None
+
+
+def _shown(distribution: BaseDistribution) -> str:
+    if isinstance(distribution, CategoricalDistribution):
+        return f"choices {list(distribution.choices)}"
+    assert isinstance(distribution, FloatDistribution | IntDistribution)
+    kind = "float" if isinstance(distribution, FloatDistribution) else "int"
+    return f"{kind} [{distribution.low}, {distribution.high}]" + (" log" if distribution.log else "")
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, how it changed) for each key added, removed or changed, in key order."""
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        if key not in old:
+            changes.append((key, f"added ({_value(new[key])})"))
+        elif key not in new:
+            changes.append((key, f"removed (was {_value(old[key])})"))
+        elif old[key] != new[key]:
+            changes.append((key, f"{_value(old[key])} -> {_value(new[key])}"))
+    return changes
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v!r}" for k, v in value.items())
+    return repr(value)
 
 
 def name_objective(study: optuna.Study, spec: StudySpec) -> None:

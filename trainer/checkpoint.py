@@ -7,6 +7,7 @@ uninterrupted run up to floating-point reordering.
 
 from __future__ import annotations
 
+import io
 import os
 import random
 from dataclasses import dataclass
@@ -44,7 +45,11 @@ def save(
     history: list[dict[str, Any]],
     stopped: bool = False,
 ) -> Path:
-    """Write to a temporary file, then rename: a crash mid-write leaves the previous checkpoint."""
+    """Write to a temporary file, then rename: a crash mid-write leaves the previous checkpoint.
+
+    The payload is serialized in memory first, so that a full or failing disk raises the OS's own
+    error with the path (torch.save's file writer reports only "unexpected pos"), and the partial
+    file is removed."""
     path = checkpoint_path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -64,12 +69,18 @@ def save(
             "python": random.getstate(),
         },
     }
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
     tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(buffer.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise OSError(err.errno, f"{err.strerror or err}: {path}") from None
     return path
 
 

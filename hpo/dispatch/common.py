@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from hpo import record, search
+from hpo.dispatch.lease import Lease
 from hpo.observe.progress import Progress
 from hpo.slurm import executors
 from hpo.storage import StorageRef, check_reachable
@@ -41,6 +42,7 @@ class LaunchOptions:
     poll_interval_s: float = 0.25
     progress: bool = True
     """A live progress line (plain lines when not on a terminal)."""
+    allow_space_change: bool = False
 
 
 @dataclasses.dataclass
@@ -54,6 +56,8 @@ class InFlight:
     tasks: int
     job: Any = None
     """The submitit job; None for a local process re-attached by pid after a relaunch."""
+    told_at: float | None = None
+    """When its trial was first seen finished (monotonic); its Slurm job may still be exiting."""
 
 
 @dataclasses.dataclass
@@ -68,14 +72,18 @@ Log = Callable[[str], None]
 
 
 def open_study(
-    spec: StudySpec, storage: StorageRef, *, reseed: bool = True
+    spec: StudySpec, storage: StorageRef, *, reseed: bool = True, allow_space_change: bool = False
 ) -> tuple[optuna.Study, BaseStorage]:
     """The launch set-up every backend shares: the storage reached (its schema created), the study
-    created or resumed with its directions checked against the file and its metric named. Returns
-    the study and the opened storage (the Ray backend's searcher writes through the same one)."""
+    created or resumed, checked against what the stored study means (a relaunch that would mix
+    values of another metric, other settings or, unless allowed, another search space is refused
+    before anything is written), its metric named. Returns the study and the opened storage (the
+    Ray backend's searcher writes through the same one)."""
     backend = check_reachable(storage, spec.source)
     study = search.load(spec, backend, create=True)
     search.check_direction(study, spec)
+    if search.check_definition(study, spec, allow_space_change=allow_space_change):
+        record.store_definition(study, search.definition(spec))
     search.name_objective(study, spec)
     if reseed:
         # A relaunch continues the seeded sequence elsewhere instead of replaying its first proposals.
@@ -113,6 +121,7 @@ class Dispatcher:
         log: Log,
         deadline: float | None,
         progress: Progress | None = None,
+        claim: Lease | None = None,
     ) -> None:
         self.spec = spec
         self.storage = storage
@@ -126,12 +135,24 @@ class Dispatcher:
         self.slurm = executors.SlurmStates()
         self.best: float | None = None
         self.progress = progress
+        self.claim = claim
+        self.cancel_seen = False
+        """The study's launcher lease, confirmed before each submission."""
 
     def _accepting(self) -> bool:
-        """Whether new trials may start: not past the timeout, no `hpo cancel` since this launch."""
+        """Whether new trials may start: not past the timeout, no `hpo cancel` since this launch.
+        Asked between submissions only, so that a cancel it sees is acknowledged to `hpo cancel`
+        (which waits for that) with no submission under way."""
         if self.deadline is not None and time.time() >= self.deadline:
             return False
-        return record.cancel_requested_at(self.study) < self.started
+        requested = record.cancel_requested_at(self.study)
+        if requested < self.started:
+            return True
+        if not self.cancel_seen:
+            record.acknowledge_cancel(self.study, requested)
+            self.cancel_seen = True
+            self.log("hpo cancel: submitting no more trials")
+        return False
 
     def _take_over_running_trials(self, per_trial: bool) -> set[str]:
         """Deal with the trials a previous launcher left RUNNING: re-attach per-trial jobs that
@@ -142,8 +163,13 @@ class Dispatcher:
             executor = trial.user_attrs.get(record.ATTR_EXECUTOR)
             job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
             if job_id is None:
-                if executor in ("slurm", "local"):
-                    self._fail(trial.number, "never submitted: the launcher stopped between ask and submit")
+                if executor != "worker":  # none: the ask itself failed after creating the trial
+                    with contextlib.suppress(RuntimeError, ValueError):
+                        record.close_not_run(
+                            self.study,
+                            trial.number,
+                            "never submitted: the launcher stopped between ask and submit",
+                        )
                 continue  # a worker's trial between ask and start: its worker tells it
             job_id = str(job_id)
             kind = str(trial.user_attrs.get(record.ATTR_JOB_KIND, executor))

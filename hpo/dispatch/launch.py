@@ -6,15 +6,20 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+import optuna
+
 from hpo import record
+from hpo.dispatch import lease
 from hpo.dispatch.common import LaunchOptions, LaunchSummary, Log, open_study, queue_retries, summarize
 from hpo.dispatch.per_trial import PerTrialDispatcher
 from hpo.dispatch.workers import WorkerDispatcher
 from hpo.observe.progress import Progress
 from hpo.paths import private_dir
-from hpo.storage import StorageRef, mask
+from hpo.storage import OutageTolerantStorage, StorageRef, mask
 
 if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
+
     from hpo.config import StudySpec
 
 __all__ = ["LaunchOptions", "LaunchSummary", "launch", "summarize"]
@@ -22,7 +27,20 @@ __all__ = ["LaunchOptions", "LaunchSummary", "launch", "summarize"]
 
 def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Log = print) -> LaunchSummary:
     private_dir(spec.workdir)  # logs, checkpoints, submitit's pickles: the owner's only
-    study, _ = open_study(spec, storage)
+    study, backend = open_study(spec, storage, allow_space_change=options.allow_space_change)
+    with lease.held(storage, spec.study.name) as claim:
+        return _launch_held(spec, storage, options, log, study, backend, claim)
+
+
+def _launch_held(
+    spec: StudySpec,
+    storage: StorageRef,
+    options: LaunchOptions,
+    log: Log,
+    study: optuna.Study,
+    backend: BaseStorage,
+    claim: lease.Lease,
+) -> LaunchSummary:
     stored = len(record.counted_trials(study))
     enqueued = record.enqueue_first_trials(study, spec)
     log(
@@ -34,13 +52,15 @@ def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Lo
     deadline = None if spec.study.timeout_min is None else time.time() + 60 * spec.study.timeout_min
     progress = Progress(spec, study, deadline, log) if options.progress else None
     shown = progress.log if progress else log
+    if isinstance(backend, OutageTolerantStorage):
+        backend.log = shown  # outage lines go where the launcher's lines go
     dispatcher: PerTrialDispatcher | WorkerDispatcher
     try:
         if options.workers:
-            dispatcher = WorkerDispatcher(spec, storage, study, options, shown, deadline, progress)
+            dispatcher = WorkerDispatcher(spec, storage, study, options, shown, deadline, progress, claim)
             dispatcher.run(options.workers)
         else:
-            dispatcher = PerTrialDispatcher(spec, storage, study, options, shown, deadline, progress)
+            dispatcher = PerTrialDispatcher(spec, storage, study, options, shown, deadline, progress, claim)
             dispatcher.run()
     except KeyboardInterrupt:
         dispatcher.report_interrupted()

@@ -3,39 +3,49 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import time
 from typing import Any
 
+import optuna
+
 from hpo import record
 from hpo.dispatch.common import Dispatcher, InFlight, signals_deferred
-from hpo.errors import LaunchError, one_line
+from hpo.errors import LaunchError, NotReadyError, one_line
 from hpo.slurm import executors
-from hpo.storage import with_retries
 from hpo.trial import retries
 from hpo.trial.task import TrialTask
+
+JOB_EXIT_WAIT_S = 120.0
+"""How long a finished trial's Slurm job may stay in the queue (completing) before its place in
+max_concurrent is given to the next trial regardless."""
 
 
 class PerTrialDispatcher(Dispatcher):
     """Asks a trial the moment a slot frees, submits it as its own job, and watches it end."""
 
+    _queue: frozenset[str] = frozenset()
+    """The study's job ids squeue listed at ``_queue_read_at`` (read at most once a second)."""
+    _queue_read_at = float("-inf")
+
     def run(self) -> None:
         executor = executors.make_executor(
-            self.spec, self.options.executor, job_name=f"hpo-{self.spec.study.name}"
+            self.spec, self.options.executor, job_name=executors.job_name(self.spec)
         )
-        with_retries(lambda: self._take_over_running_trials(per_trial=True), "re-attach", self.log)
-        # Each round only reads the storage or makes a step that can be repeated, so a round cut
-        # off by a database outage is simply run again once the database answers.
-        while not with_retries(lambda: self._round(executor), "launcher round", self.log):
+        self._take_over_running_trials(per_trial=True)
+        # Every storage call waits out a database outage on its own (hpo.storage's policy).
+        while not self._round(executor):
             time.sleep(self.options.poll_interval_s)
 
     def _round(self, executor: Any) -> bool:
         """Collect the trials that ended, submit new ones; True once the study is done."""
         self._collect_finished()
         budget_left = self.spec.study.n_trials - self._counted()
-        accepting = self._accepting()
-        while accepting and budget_left > 0 and len(self.in_flight) < self.spec.study.max_concurrent:
+        # The cancel flag is read before every submission: a cancel during a slow sbatch stops the next.
+        while budget_left > 0 and len(self.in_flight) < self.spec.study.max_concurrent and self._accepting():
             self._submit(executor)
-            budget_left -= 1
+            budget_left = self.spec.study.n_trials - self._counted()
+        accepting = self._accepting()
         if not self.in_flight and (budget_left <= 0 or not accepting):
             if not accepting and budget_left > 0:
                 self.log(f"stopped early: {budget_left} trials of the budget not started")
@@ -47,43 +57,51 @@ class PerTrialDispatcher(Dispatcher):
         return False
 
     def _submit(self, executor: Any) -> None:
-
         with signals_deferred():
+            if self.claim is not None:
+                self.claim.confirm()
             trial = self.study.ask(self.space)
-            retries.inherit_checkpoint(self.spec, trial)
-            asked = {record.ATTR_EXECUTOR: self.options.executor, record.ATTR_ASKED_AT: record.now_iso()}
-            record.set_attrs(trial, asked)
-            task = TrialTask(
-                self.spec, self.storage, trial.number, dict(trial.params), self.options.objective
-            )
             try:
-                job = executor.submit(task)
-            except Exception as err:
-                reason = f"submission failed: {one_line(err, last=True, name=False)}"
-                record.fail(self.study, trial, reason)
-                raise LaunchError(f"trial {trial.number}: {reason}") from None
-            # A trial that fails within a second may have told already: its attributes are frozen.
-            with contextlib.suppress(RuntimeError):
-                with_retries(
-                    lambda: record.set_attr(trial, record.ATTR_JOB_ID, str(job.job_id)),
-                    "store the job id",
-                    self.log,
-                )
-            # Still under the deferred signals: a launcher stopped now reports this trial as running.
-            entry = InFlight(
-                trial.number,
-                record.trial_id(trial),
-                str(job.job_id),
-                self.options.executor,
-                self.spec.resources.world_size,
-                job,
-            )
-            self.in_flight.append(entry)
-            retry_of = trial.user_attrs.get(record.ATTR_RETRY_OF)
-            self.log(
-                f"trial {trial.number} submitted as {self.options.executor} job {job.job_id}: {record.format_params(trial.params)}"
-                + (f" (retry of trial {retry_of})" if retry_of is not None else "")
-            )
+                self._submit_asked(executor, trial)
+            except BaseException as err:
+                # Whatever stopped the submission, the trial asked for it is not left RUNNING.
+                reason = f"never submitted: {one_line(err, last=True, name=False)}"
+                with contextlib.suppress(Exception):
+                    record.close_not_run(self.study, trial, reason)
+                if isinstance(err, Exception) and not isinstance(err, NotReadyError):
+                    raise LaunchError(f"trial {trial.number}: {reason}") from None
+                raise  # an interruption, or the database gone for longer than the outage policy waits
+
+    def _submit_asked(self, executor: Any, trial: optuna.Trial) -> None:
+        retries.inherit_checkpoint(self.spec, trial)
+        asked = {record.ATTR_EXECUTOR: self.options.executor, record.ATTR_ASKED_AT: record.now_iso()}
+        record.set_attrs(trial, asked)
+        if not self._accepting():  # `hpo cancel` between the ask and now
+            record.close_not_run(self.study, trial, f"never submitted: {record.REASON_CANCELLED}")
+            return
+        task = TrialTask(self.spec, self.storage, trial.number, dict(trial.params), self.options.objective)
+        try:
+            job = executor.submit(task)
+        except Exception as err:
+            raise LaunchError(f"submission failed: {one_line(err, last=True, name=False)}") from None
+        # A trial that fails within a second may have told already: its attributes are frozen.
+        with contextlib.suppress(RuntimeError):
+            record.set_attr(trial, record.ATTR_JOB_ID, str(job.job_id))
+        # Still under the deferred signals: a launcher stopped now reports this trial as running.
+        entry = InFlight(
+            trial.number,
+            record.trial_id(trial),
+            str(job.job_id),
+            self.options.executor,
+            self.spec.resources.world_size,
+            job,
+        )
+        self.in_flight.append(entry)
+        retry_of = trial.user_attrs.get(record.ATTR_RETRY_OF)
+        self.log(
+            f"trial {trial.number} submitted as {self.options.executor} job {job.job_id}: {record.format_params(trial.params)}"
+            + (f" (retry of trial {retry_of})" if retry_of is not None else "")
+        )
 
     def _collect_finished(self) -> None:
 
@@ -96,11 +114,33 @@ class PerTrialDispatcher(Dispatcher):
                     self._fail(entry.number, self._end_reason(entry), self._out_of_memory(entry))
                 frozen = record.read_trial(self.study, entry.trial_id)
             if frozen.state.is_finished():
+                if self._still_holds_resources(entry):
+                    continue
                 self._report(frozen)
                 self.in_flight.remove(entry)
                 failed = failed or frozen.state.name == "FAIL"
         if failed:
             self._queue_retries()
+
+    def _still_holds_resources(self, entry: InFlight) -> bool:
+        """A Slurm job whose trial has told its result is still on the cluster while its process
+        exits (running, then completing): it keeps its place in ``max_concurrent`` until squeue no
+        longer lists it, so that the study never has more jobs on the cluster than the limit. A job
+        stuck in the queue holds it for at most ``JOB_EXIT_WAIT_S``."""
+        if entry.executor != "slurm":
+            return False
+        now = time.monotonic()
+        if entry.told_at is None:
+            entry.told_at = now
+        if now - entry.told_at > JOB_EXIT_WAIT_S:
+            return False
+        if now - self._queue_read_at >= 1.0:
+            try:
+                self._queue = frozenset(executors.queued_jobs(self.spec))
+            except (LaunchError, OSError, subprocess.SubprocessError):
+                self._queue = frozenset()  # squeue cannot tell: the slot is not held on a guess
+            self._queue_read_at = now
+        return entry.job_id in self._queue
 
     def _out_of_memory(self, entry: InFlight) -> bool:
         """Slurm killed the job for exceeding its memory: the parameters are infeasible there."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from typing import Any
@@ -13,7 +12,6 @@ from hpo import record
 from hpo.dispatch.common import Dispatcher, signals_deferred, worker_entry
 from hpo.errors import LaunchError, one_line
 from hpo.slurm import executors
-from hpo.storage import with_retries
 from hpo.trial.worker import WorkerTask
 
 
@@ -29,12 +27,15 @@ class WorkerDispatcher(Dispatcher):
         seen = {t.number for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()}
         while self._counted() < self.spec.study.n_trials and self._accepting():
             wanted = min(count - len(live), self.spec.study.n_trials - self._counted())
+            if self.claim is not None:
+                self.claim.confirm()
             jobs = self._submit_workers(wanted) if wanted > 0 else []
             finished_before = len(seen)
             while not all(self._ended(worker_entry(job, self.options.executor)) for job in jobs):
-                seen = with_retries(functools.partial(self._report_new, seen), "launcher round", self.log)
+                seen = self._report_new(seen)
+                self._accepting()  # tells `hpo cancel` at once that no more workers come
                 time.sleep(self.options.poll_interval_s)
-            seen = with_retries(functools.partial(self._report_new, seen), "launcher round", self.log)
+            seen = self._report_new(seen)
             self._fail_orphans(jobs)
             seen = self._report_new(seen)
             live = set()  # the earlier launch's workers are not waited for twice
@@ -55,7 +56,7 @@ class WorkerDispatcher(Dispatcher):
         executor = executors.make_executor(
             self.spec,
             self.options.executor,
-            job_name=f"hpo-{self.spec.study.name}-worker",
+            job_name=executors.job_name(self.spec, "worker"),
             array_parallelism=count,
             time_min=time_min,
         )

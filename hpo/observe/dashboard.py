@@ -35,7 +35,7 @@ def serve(spec: StudySpec, ref: StorageRef, study: optuna.Study, host: str, port
         raise NotReadyError(
             "optuna-dashboard is not installed", "pip install 'slurm-hpo[dashboard]'"
         ) from None
-    storage = open_storage(ref, create=False)
+    storage = open_storage(ref, create=False, tolerance_s=0)  # a page fails fast in an outage
     if not _is_loopback(host):
         print(
             f"warning: optuna-dashboard has no authentication; listening on {host} exposes the study "

@@ -15,10 +15,11 @@ import optuna
 from submitit.core.utils import JobPaths
 
 from hpo import record, search
-from hpo.errors import LaunchError, NotReadyError, StudyFileError, one_line
+from hpo.dispatch.lease import Lease
+from hpo.errors import LaunchError, NotReadyError, StudyFileError
 from hpo.record import ATTR_FINAL_PARAMS, ATTR_RETRY_OF, ATTR_SCHEDULE
 from hpo.slurm import accounting, executors
-from hpo.storage import StorageRef, is_transient, mask, open_storage
+from hpo.storage import DatabaseUnreachable, StorageRef, driver_line, is_transient, mask, open_storage
 from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig
 from trainer.errors import ConfigError
 
@@ -29,26 +30,29 @@ if TYPE_CHECKING:
 def open_study(spec: StudySpec, ref: StorageRef) -> optuna.Study:
 
     try:
-        storage = open_storage(ref, create=False)
+        # A view answers at once: a database that stops answering later, mid-view, raises
+        # DatabaseUnreachable (exit 3, the server and the driver's reason) instead of waiting.
+        storage = open_storage(ref, create=False, tolerance_s=0)
         study = search.load(spec, storage, create=False)
     except (KeyError, FileNotFoundError):
         raise StudyFileError(f"{spec.source}: study.name: no study {spec.study.name!r} in {mask(str(ref))}; "
                              "run `hpo launch` first") from None  # fmt: skip
+    except DatabaseUnreachable:
+        raise
     except optuna.exceptions.StorageInternalError as err:
-        if not is_transient(err):
-            raise LaunchError(f"cannot read {mask(str(ref))}: {err}") from None
-        # Optuna wraps the refused connection: the driver's own line says what happened.
-        raise _unreachable(spec, ref, err.__cause__ or err) from None
+        if is_transient(err):  # the server went away while the storage was being opened
+            raise _unreachable(spec, ref, err) from None
+        raise LaunchError(f"cannot read {mask(str(ref))}: {driver_line(err)}") from None
     except Exception as err:  # drivers raise many types for an unreachable server
         raise _unreachable(spec, ref, err) from None
     search.check_direction(study, spec)  # a file whose objectives changed would misread it
+    search.check_metric(study, spec)
     return study
 
 
 def _unreachable(spec: StudySpec, ref: StorageRef, err: BaseException) -> NotReadyError:
     return NotReadyError(
-        f"{spec.source}: study.storage: cannot open {mask(str(ref))}: "
-        f"{one_line(getattr(err, 'orig', None) or err, name=False)}",
+        f"{spec.source}: study.storage: cannot open {mask(str(ref))}: {driver_line(err)}",
         "start the database server, or name another with --storage URL",
     )
 
@@ -57,8 +61,10 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
     """The status table; ``cost`` when the caller already has it (one sacct call, not two)."""
     trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(record.ATTR_SURPLUS)]
     counts = Counter(t.state.name for t in trials)
+    # The budget's count: retried failures and trials never submitted are shown, not counted.
+    counted = len(record.counted_trials(study))
     lines = [
-        f"study {spec.study.name}: {len(trials)} of {spec.study.n_trials} trials; "
+        f"study {spec.study.name}: {counted} of {spec.study.n_trials} trials; "
         + ", ".join(f"{counts[s]} {s}" for s in sorted(counts)),
     ]
     cost = cost or accounting.study_cost(spec, trials)
@@ -180,27 +186,71 @@ def full_training_command(config: TrainConfig) -> str:
     return " ".join(shlex.quote(word) for word in words)
 
 
-def cancel(spec: StudySpec, study: optuna.Study) -> list[str]:
-    """Stop the study: launchers and workers take no new trial, running trials' jobs are cancelled
-    and their trials failed, so that nothing stays RUNNING."""
+CANCEL_WAIT_S = 300.0
+"""How long `hpo cancel` waits for a live launcher to confirm it submits nothing more, and then
+for Slurm to show the study's jobs gone."""
 
-    record.request_cancel(study, time.time())
+
+def cancel(spec: StudySpec, ref: StorageRef, study: optuna.Study) -> list[str]:
+    """Stop the study for good: once this returns, no launcher or worker submits or starts
+    another trial, no job of the study is left in Slurm's queue, and nothing stays RUNNING.
+
+    The order matters: the flag first (launchers and workers read it before every submission or
+    trial); then the live launcher's confirmation, so that a submission under way when the flag
+    was set has stored its job id or been closed; then every job, those the trials hold and those
+    found in the queue by the study's job names (a job submitted but not yet recorded)."""
+
+    requested = time.time()
+    record.request_cancel(study, requested)
     lines = []
     ray_job = record.ray_job(study)
-    if ray_job:  # the one allocation of a Ray-backed study holds all its trials
+    if ray_job:  # the one allocation of a Ray-backed study holds all its trials and its driver
         _cancel_job(spec, "slurm", str(ray_job))
         lines.append(f"Ray job {ray_job}: cancelled")
+    holder = Lease(ref, spec.study.name).held_by_another()
+    if holder is not None:
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while record.cancel_seen_at(study) < requested and Lease(ref, spec.study.name).held_by_another():
+            if time.monotonic() > deadline:
+                lines.append(f"the launcher ({holder}) did not confirm within {CANCEL_WAIT_S:.0f} s; "
+                             "cancelling what is stored and queued")  # fmt: skip
+                break
+            time.sleep(0.5)
+        else:
+            lines.append(f"launcher ({holder}): submits no more trials")
+    cancelled: set[str] = set()
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         executor = trial.user_attrs.get(record.ATTR_EXECUTOR)
         kind = trial.user_attrs.get(record.ATTR_JOB_KIND, executor)
         job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
         if job_id is not None and kind != "ray":
             _cancel_job(spec, kind, str(job_id))
+            cancelled.add(str(job_id))
         # Both raise if the trial ended on its own meanwhile: then its state stands.
         with contextlib.suppress(RuntimeError, ValueError):
             record.fail(study, trial, record.REASON_CANCELLED)
             lines.append(f"trial {trial.number}: cancelled {kind} job {job_id or '-'}")
+    lines += _cancel_queued(spec, cancelled)
     return lines or ["no running trial; launchers and workers of this study take no new trial"]
+
+
+def _cancel_queued(spec: StudySpec, cancelled: set[str]) -> list[str]:
+    """Cancel the study's jobs still in Slurm's queue (workers, a pending detached launcher, a
+    job no trial holds yet) and wait until the queue shows none."""
+    lines = []
+    queued = executors.queued_jobs(spec)
+    for job_id in queued:
+        if job_id not in cancelled:
+            _cancel_job(spec, "slurm", job_id)
+            lines.append(f"Slurm job {job_id}: cancelled (found by its name, {executors.job_name(spec)}*)")
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while queued:
+        if time.monotonic() > deadline:
+            lines.append(f"still in Slurm's queue after {CANCEL_WAIT_S:.0f} s: {', '.join(queued)}")
+            break
+        time.sleep(0.5)
+        queued = executors.queued_jobs(spec)
+    return lines
 
 
 def _cancel_job(spec: StudySpec, kind: Any, job_id: str) -> None:

@@ -71,7 +71,7 @@ def submit(spec: StudySpec, launch: Callable[[], int], argv: list[str]) -> str:
         folder=folder / "%j", python=res.python or sys.executable, max_num_timeout=1000
     )
     params: dict[str, Any] = {
-        "job_name": f"hpo-{spec.study.name}-launcher",
+        "job_name": executors.job_name(spec, "launcher"),
         "time": launcher.time_min,
         "nodes": 1,
         "ntasks_per_node": 1,

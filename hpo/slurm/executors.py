@@ -8,8 +8,11 @@ job handles from stored job ids when a launcher resumes a study.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shlex
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +22,7 @@ import submitit
 from submitit.core.utils import JobPaths
 from submitit.slurm.slurm import _make_sbatch_string
 
+from hpo.errors import LaunchError
 from hpo.paths import private_dir
 
 if TYPE_CHECKING:
@@ -107,6 +111,29 @@ def render_sbatch(spec: StudySpec, job_name: str) -> str:
     # where there is no srun (a SlurmExecutor refuses to exist there).
     text: str = _make_sbatch_string(command=command, folder=folder, **slurm_parameters(spec, job_name))
     return text
+
+
+def job_name(spec: StudySpec, role: str = "") -> str:
+    """The Slurm job name of a study's jobs: trials (no role), ``worker``, ``launcher``, ``ray``.
+    `hpo cancel` finds by these names the jobs whose ids no trial holds yet."""
+    return f"hpo-{spec.study.name}" + (f"-{role}" if role else "")
+
+
+def queued_jobs(spec: StudySpec) -> list[str]:
+    """The ids of this user's pending and running Slurm jobs of the study (none without Slurm)."""
+    if shutil.which("squeue") is None:
+        return []
+    names = ",".join(job_name(spec, role) for role in ("", "worker", "launcher", "ray"))
+    user = pwd.getpwuid(os.getuid()).pw_name
+    proc = subprocess.run(
+        ["squeue", "-h", "-u", user, "--name", names, "-o", "%i"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode != 0:
+        raise LaunchError(f"squeue failed: {proc.stderr.strip() or proc.returncode}")
+    return proc.stdout.split()
 
 
 def slurm_job(spec: StudySpec, job_id: str) -> submitit.Job[Any]:

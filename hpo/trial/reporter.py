@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hpo import record
-from hpo.storage import with_retries
 from trainer.reporting import Decision, EpochMetrics
 
 if TYPE_CHECKING:
@@ -27,16 +26,19 @@ class OptunaReporter:
         self.curve: dict[str, float] = (
             dict(trial.user_attrs.get(record.ATTR_CURVE, {})) if multi_objective else {}
         )
+        self.last_epoch = max(record.curve(record.read_trial(trial.study, record.trial_id(trial))), default=0)
+        """The last epoch stored for the trial, by this run or an earlier one."""
 
     def report(self, metrics: EpochMetrics) -> Decision:
         # A database restart mid-trial costs a wait, not the trial (a repeated report of the same
         # step is ignored by Optuna).
         value = float(getattr(metrics, self.metric))
+        self.last_epoch = max(self.last_epoch, metrics.epoch)
         if self.multi_objective:
             earlier = {k: v for k, v in self.curve.items() if int(k) < metrics.epoch}
             self.curve = {**earlier, str(metrics.epoch): value}
-            with_retries(lambda: record.set_attr(self.trial, record.ATTR_CURVE, self.curve), "report")
+            record.set_attr(self.trial, record.ATTR_CURVE, self.curve)
             return Decision.CONTINUE
-        with_retries(lambda: self.trial.report(value, step=metrics.epoch), "report")
-        prune = with_retries(self.trial.should_prune, "should_prune")
+        self.trial.report(value, step=metrics.epoch)
+        prune = self.trial.should_prune()
         return Decision.STOP if prune else Decision.CONTINUE

@@ -42,17 +42,19 @@ class TrialTask:
     params: dict[str, Any]
     """Sampled by the launcher before submission; every rank builds its config from them."""
     objective: Objective = dataclasses.field(default_factory=TrainerObjective)
+    requeues_without_progress: int = 0
+    """Requeues in a row whose run stored no new epoch (see ``checkpoint``)."""
 
     def __call__(self) -> dict[str, Any]:
         rank = _export_rank_environment()
         if rank != 0:
             result = self.objective(self.spec, self.trial_number, dict(self.params), None)
             return {"rank": rank, "value": result.value, "pruned": result.pruned}
-        study = with_retries(
+        study = with_retries(  # connecting is outside the storage's own policy
             lambda: search.load(self.spec, open_storage(self.storage, create=False), create=False),
             "load the study",
         )
-        trial = with_retries(lambda: record.attach(study, self.trial_number), "attach")
+        trial = record.attach(study, self.trial_number)
         if trial is None:
             message = f"trial {self.trial_number} is already finished in the study; nothing to run"
             print(message, flush=True)
@@ -68,12 +70,39 @@ class TrialTask:
         (``--signal=USR2@90``): the trainer checkpoints every epoch, so the job only needs
         requeueing with the same task; it resumes the same trial from its last epoch."""
 
+        # A time limit shorter than an epoch would requeue the job forever. Counted in the task,
+        # which submitit pickles for the requeued run: a signal handler must not use the database.
+        self.requeues_without_progress = 0 if _RUN.progressed() else self.requeues_without_progress + 1
+        if self.requeues_without_progress >= MAX_REQUEUES_WITHOUT_PROGRESS:
+            _RUN.stop_reason = (
+                f"{record.REASON_NO_PROGRESS}: requeued {self.requeues_without_progress} times after epoch "
+                f"{_RUN.start_epoch}; the job's time limit ({self.spec.resources.time_min} min) may be shorter "
+                "than an epoch: raise resources.time"
+            )
+            return None  # submitit then raises UncompletedJobError in the trial instead of requeueing
         REQUEUE_REQUESTED.set()
         return submitit.helpers.DelayedSubmission(self)
 
 
 REQUEUE_REQUESTED = threading.Event()
 """Set when submitit is about to requeue this job: the SystemExit it raises is not a failure."""
+
+MAX_REQUEUES_WITHOUT_PROGRESS = 2
+
+
+@dataclasses.dataclass
+class _RunningTrial:
+    """This job's run of its trial, as the requeue signal's handler sees it."""
+
+    start_epoch: int = 0
+    reporter: OptunaReporter | None = None
+    stop_reason: str = ""
+
+    def progressed(self) -> bool:
+        return self.reporter is not None and self.reporter.last_epoch > self.start_epoch
+
+
+_RUN = _RunningTrial()
 
 
 class TrialAlreadyFinished(RuntimeError):
@@ -99,6 +128,7 @@ def run_attached(
     print(f"rank 0 reporting to study {spec.study.name!r}, trial {trial.number}: {trial.params}", flush=True)
     try:
         reporter = OptunaReporter(trial, spec.study.metric, multi_objective=bool(spec.study.also_minimize))
+        _RUN.start_epoch, _RUN.reporter = reporter.last_epoch, reporter
         result = objective(spec, trial.number, dict(trial.params), reporter)
     except BaseException as err:
         if REQUEUE_REQUESTED.is_set() and isinstance(err, SystemExit):
@@ -106,13 +136,10 @@ def run_attached(
             # the requeued job resumes it from its last checkpoint.
             print(f"trial {trial.number} requeued; it resumes from its last checkpoint", flush=True)
             raise
-        reason = one_line(err)
+        reason = _RUN.stop_reason or one_line(err)
         if retries.is_out_of_memory(err):
             _finish_attrs(spec, trial, started, {})
-            with_retries(
-                lambda: record.tell_infeasible(study, trial, reason, search.directions(spec)),
-                "tell",
-            )
+            record.tell_infeasible(study, trial, reason, search.directions(spec))
             print(f"trial {trial.number} infeasible (out of memory): {reason}", flush=True)
             return {"rank": 0, "state": "INFEASIBLE", "value": record.worst_value(spec.study.direction)}
         _finish_attrs(spec, trial, started, {record.ATTR_FAIL_REASON: reason})
@@ -154,15 +181,15 @@ def _finish_attrs(
         record.ATTR_CPU_HOURS: round(elapsed * cpus / 3600, 6),
     }
 
-    with_retries(lambda: record.set_attrs(trial, attrs), "set attributes")
+    record.set_attrs(trial, attrs)
     return attrs
 
 
 def _tell(
     study: optuna.Study, trial: optuna.Trial, *, values: list[float] | None = None, state: Any = None
 ) -> None:
-    """Tell once: if a tell cut off by an outage had in fact been stored, the retry leaves it."""
-    with_retries(lambda: study.tell(trial.number, values, state=state, skip_if_finished=True), "tell")
+    """Tell once: if a tell cut off by an outage had in fact been stored, a second tell leaves it."""
+    study.tell(trial.number, values, state=state, skip_if_finished=True)
 
 
 def job_identity() -> dict[str, str]:

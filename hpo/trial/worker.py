@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from submitit.core.utils import UncompletedJobError
 
 from hpo import record, search
-from hpo.storage import StorageRef, open_storage
+from hpo.storage import StorageRef, open_storage, with_retries
 from hpo.trial import retries
 from hpo.trial.objective import Objective, TrainerObjective
 from hpo.trial.task import run_attached
@@ -37,7 +37,10 @@ class WorkerTask:
 
         job_started = time.time()
         longest_trial_s = 0.0
-        study = search.load(self.spec, open_storage(self.storage, create=False), create=False)
+        study = with_retries(  # connecting is outside the storage's own policy
+            lambda: search.load(self.spec, open_storage(self.storage, create=False), create=False),
+            "load the study",
+        )
         # Each worker samples its own sequence (same seed everywhere would mean the same proposals).
         worker = (
             os.environ.get("SLURM_ARRAY_TASK_ID")

@@ -68,6 +68,17 @@ def study_document(name: str, workdir: Path, **sections: Any) -> dict[str, Any]:
     return document
 
 
+def fault_line(fault: str, outcome: str, lost: int, recovery_s: float | None) -> None:
+    """The line a fault test prints for the README's fault table (``pytest -s`` shows them)."""
+    shown = "-" if recovery_s is None else f"{recovery_s:.1f} s"
+    line = f"FAULT | {fault} | {outcome} | trials lost: {lost} | recovery: {shown}"
+    print(f"\n{line}")
+    # Under pytest-xdist a worker's output is not shown: HPO_FAULT_LINES names a file that collects them.
+    if os.environ.get("HPO_FAULT_LINES"):
+        with open(os.environ["HPO_FAULT_LINES"], "a") as lines:
+            lines.write(line + "\n")
+
+
 def write_study(path: Path, document: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path

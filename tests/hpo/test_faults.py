@@ -25,6 +25,7 @@ from tests.hpo.conftest import (
     GOOD,
     REPO,
     distinct_params,
+    fault_line,
     launch_in_background,
     load_trials,
     run_hpo,
@@ -37,11 +38,6 @@ from tests.hpo.conftest import (
 pytestmark = pytest.mark.slow
 
 FINISHED = {"COMPLETE", "PRUNED"}
-
-
-def fault_line(fault: str, outcome: str, lost: int, recovery_s: float | None) -> None:
-    shown = "-" if recovery_s is None else f"{recovery_s:.1f} s"
-    print(f"\nFAULT | {fault} | {outcome} | trials lost: {lost} | recovery: {shown}")
 
 
 def one_trial_study(name: str, workdir: Path, epochs: int) -> dict[str, Any]:
@@ -279,65 +275,6 @@ def test_relaunch_after_the_launcher_stops_finishes_the_budget_exactly(
     )
 
 
-def restart_postgresql(down_s: float) -> None:
-    """Stop the local cluster's PostgreSQL, keep it down ``down_s`` seconds, start it again."""
-    [cluster] = [
-        line.split()[:2]
-        for line in subprocess.run(
-            ["pg_lsclusters", "-h"], capture_output=True, text=True, check=True
-        ).stdout.splitlines()
-        if line.strip()
-    ]
-    control = ["pg_ctlcluster", "--skip-systemctl-redirect", *cluster]
-    subprocess.run([*control, "stop", "-m", "fast"], check=True, timeout=60)
-    time.sleep(down_s)
-    subprocess.run([*control, "start"], check=True, timeout=60, stdin=subprocess.DEVNULL, capture_output=True)
-
-
-def test_a_postgresql_restart_mid_study_loses_no_trial(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
-) -> None:
-    document = study_document(
-        "outage-study", tmp_path / "work", study={"n_trials": 4, "enqueue": [], "pruner": {"name": "none"}}
-    )
-    # Epochs long enough that both first trials are surely seen running with an epoch reported
-    # (at 40 steps the whole study once ended between two polls) and still run through the outage.
-    document["trainer"].update(epochs=3, max_steps_per_epoch=120)
-    study_file = write_study(tmp_path / "study.yaml", document)
-    launcher = launch_in_background(study_file, fresh_database, "--executor", "slurm")
-    wait_for_trials(  # both trials in flight have reported an epoch: the outage hits them mid-run
-        document,
-        fresh_database,
-        launcher,
-        lambda trials: sum(1 for t in trials if t.state.name == "RUNNING" and t.intermediate_values) == 2,
-    )
-    reported = sum(len(t.intermediate_values) for t in load_trials(document, fresh_database))
-    down = time.monotonic()
-    restart_postgresql(down_s=15)
-    # Recovered once the trials store new epochs again.
-    wait_for_trials(
-        document,
-        fresh_database,
-        launcher,
-        lambda trials: sum(len(t.intermediate_values) for t in trials) > reported,
-    )
-    recovered = time.monotonic() - down
-    output = launcher.communicate(timeout=900)[0]
-    assert launcher.returncode == 0, output
-    trials = load_trials(document, fresh_database)
-    assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials), [
-        (t.number, t.state.name, t.user_attrs) for t in trials
-    ]
-    assert all(sorted(t.intermediate_values) == [1, 2, 3] for t in trials)
-    assert "storage unreachable" in output, output
-    fault_line(
-        "PostgreSQL stopped for 15 s mid-study, then started",
-        "launcher and trial processes waited and reconnected; 4 of 4 trials COMPLETE",
-        0,
-        recovered,
-    )
-
-
 _START_AT_ONCE = """
 import sys, time
 from hpo import config as studyfile, record, search
@@ -513,37 +450,3 @@ def test_a_trial_on_a_lost_node_resumes_on_the_other_node(
         0,
         recovery_s,
     )
-
-
-def test_only_an_unreachable_database_is_waited_for(local_cluster: str) -> None:
-    """A server that is down is waited for; one that answers "no such database" is not."""
-    import sqlalchemy
-
-    from hpo.storage import is_transient, with_retries
-
-    def error_of(url: str) -> BaseException:
-        engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 5})
-        with pytest.raises(sqlalchemy.exc.DBAPIError) as caught:
-            engine.connect()
-        return caught.value
-
-    server = local_cluster.rsplit("/", 1)[0]
-    down = error_of(server.replace(":5432", ":1") + "/hpo")  # nothing listens on port 1
-    missing = error_of(f"{server}/no_such_database_{uuid.uuid4().hex[:6]}")
-    assert is_transient(down) and not is_transient(missing)
-
-    def fail_with(error: BaseException) -> Callable[[], None]:
-        def call() -> None:
-            calls.append(error)
-            raise error
-
-        return call
-
-    calls: list[BaseException] = []
-    waits: list[str] = []
-    with pytest.raises(sqlalchemy.exc.DBAPIError):
-        with_retries(fail_with(missing), "connect", waits.append)
-    assert len(calls) == 1 and not waits  # raised at once
-    with pytest.raises(sqlalchemy.exc.DBAPIError):
-        with_retries(fail_with(down), "connect", waits.append, tolerance_s=1.0)
-    assert len(calls) >= 3 and waits and "storage unreachable during connect" in waits[0]

@@ -139,15 +139,18 @@ def run(
     address: str | None = None,
     objective: Objective | None = None,
     log: Any = print,
+    allow_space_change: bool = False,
 ) -> None:
-    """Run the study's remaining trials on a Ray cluster (``address``) or a local Ray instance."""
+    """Run the study's remaining trials on a Ray cluster (``address``) or a local Ray instance.
+    In an allocation, the launcher that submitted it has checked the study file already."""
     import ray
     from ray import tune
 
     pbt = spec.study.pruner.name == "pbt"
     # Under PBT a member goes on from another's checkpoint with perturbed optimizer settings.
     objective = objective or TrainerObjective(",".join(population.mutations(spec)) if pbt else "")
-    study, backend = open_study(spec, storage, reseed=False)
+    started = time.time()  # an `hpo cancel` from before this launch does not stop it
+    study, backend = open_study(spec, storage, reseed=False, allow_space_change=allow_space_change)
     leftovers = fail_leftovers(study)
     record.enqueue_first_trials(study, spec)
     remaining = spec.study.n_trials - record.started_count(study)
@@ -192,7 +195,7 @@ def run(
             # PBT clones from a member's latest checkpoints; it warns when fewer than 3 are kept.
             checkpoints = tune.CheckpointConfig(num_to_keep=3)
         else:
-            search_alg = optuna_search.study_search(spec, backend, epochs, job_id)
+            search_alg = optuna_search.study_search(spec, backend, epochs, job_id, started, log)
             scheduler, max_concurrent = build_scheduler(spec, epochs), spec.study.max_concurrent
             callbacks, checkpoints, param_space = [], None, None
         tuner = tune.Tuner(

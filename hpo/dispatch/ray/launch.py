@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from submitit.core.utils import pickle_load
 
 from hpo import record, search
+from hpo.dispatch import lease
 from hpo.dispatch.common import open_study
 from hpo.dispatch.ray import driver
 from hpo.dispatch.ray.cluster import RayClusterTask, cpus_per_trial, slots_per_node
@@ -26,14 +27,27 @@ if TYPE_CHECKING:
 
 
 def launch(
-    spec: StudySpec, storage: StorageRef, executor: str, objective: Objective | None = None, log: Any = print
+    spec: StudySpec,
+    storage: StorageRef,
+    executor: str,
+    objective: Objective | None = None,
+    log: Any = print,
+    allow_space_change: bool = False,
 ) -> optuna.Study:
     """Run the study's remaining trials with Ray Tune; returns the study once the run has ended."""
     private_dir(spec.workdir)  # logs, checkpoints, the cluster's token: the owner's only
     if executor == "local":
-        driver.run(spec, storage, objective=objective, log=log)
+        with lease.held(storage, spec.study.name):
+            driver.run(spec, storage, objective=objective, log=log, allow_space_change=allow_space_change)
         return search.load(spec, check_reachable(storage, spec.source), create=False)
-    study, _ = open_study(spec, storage, reseed=False)
+    study, _ = open_study(spec, storage, reseed=False, allow_space_change=allow_space_change)
+    with lease.held(storage, spec.study.name):
+        return _launch_on_slurm(spec, storage, study, objective, log)
+
+
+def _launch_on_slurm(
+    spec: StudySpec, storage: StorageRef, study: optuna.Study, objective: Objective | None, log: Any
+) -> optuna.Study:
     probe = executors.SlurmStates()
     job_id = record.ray_job(study)
     job = executors.slurm_job(spec, str(job_id)) if job_id else None
@@ -64,7 +78,7 @@ def _submit(
     time_min = spec.resources.worker_time_min or min(24 * 60, spec.resources.time_min * waves + 10)
     allocation = dataclasses.replace(spec, resources=node_resources)
     executor = executors.make_executor(
-        allocation, "slurm", job_name=f"hpo-{spec.study.name}-ray", time_min=time_min
+        allocation, "slurm", job_name=executors.job_name(spec, "ray"), time_min=time_min
     )
     try:
         job = executor.submit(RayClusterTask(spec, storage, objective))

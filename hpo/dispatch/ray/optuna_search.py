@@ -19,14 +19,26 @@ if TYPE_CHECKING:
     from hpo.config import StudySpec
 
 
-def study_search(spec: StudySpec, storage: Any, epochs: int, job_id: str) -> Any:
+def study_search(
+    spec: StudySpec, storage: Any, epochs: int, job_id: str, launched_at: float, log: Any = print
+) -> Any:
+    from ray.tune.search import Searcher
     from ray.tune.search.optuna import OptunaSearch
 
     class StudySearch(OptunaSearch):
         """OptunaSearch records a trial that Tune's scheduler stopped early as COMPLETE; here it
         is PRUNED, as with the Optuna backend, and carries the same attributes."""
 
+        cancel_seen = False
+
         def suggest(self, trial_id: str) -> dict[str, Any] | None:
+            # `hpo cancel` since this driver started: no new trial, and the cancel is told so.
+            if self._ot_study is not None and record.cancel_requested_at(self._ot_study) >= launched_at:
+                if not self.cancel_seen:
+                    record.acknowledge_cancel(self._ot_study, record.cancel_requested_at(self._ot_study))
+                    self.cancel_seen = True
+                    log("hpo cancel: starting no more trials")
+                return Searcher.FINISHED  # Tune's sentinel: no more trials from this searcher
             config: dict[str, Any] | None = super().suggest(trial_id)
             ot_trial = self._ot_trials.get(trial_id)
             if ot_trial is not None:  # where it runs, visible while it runs (hpo status, hpo cancel)

@@ -1,0 +1,256 @@
+"""Misuse that would double or lose work, on the local Slurm cluster and PostgreSQL: two launchers
+on one study, `hpo cancel` while a slow sbatch is under way, a trial asked and never submitted.
+
+Each test prints a ``FAULT`` line for the README's table.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hpo.conftest import (
+    HPO,
+    REPO,
+    fault_line,
+    load_trials,
+    run_hpo,
+    study_document,
+    wait_for_trials,
+    write_study,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def slurm_study(tmp_path: Path, n_trials: int, max_concurrent: int, **trainer: Any) -> dict[str, Any]:
+    name = f"misuse-{uuid.uuid4().hex[:6]}"  # its jobs are found in squeue and sacct by name
+    document = study_document(
+        name,
+        tmp_path / "work",
+        study={
+            "n_trials": n_trials,
+            "max_concurrent": max_concurrent,
+            "enqueue": [],
+            "pruner": {"name": "none"},
+        },
+        resources={"executor": "slurm"},
+    )
+    document["trainer"].update(trainer)
+    return document
+
+
+def queued(document: dict[str, Any]) -> list[str]:
+    name = f"hpo-{document['study']['name']}"
+    proc = subprocess.run(
+        ["squeue", "-h", "--name", f"{name},{name}-worker,{name}-launcher", "-o", "%i %T"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+
+
+def jobs_in_sacct(document: dict[str, Any]) -> dict[str, str]:
+    proc = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "--name", f"hpo-{document['study']['name']}",
+         "-S", "now-2hours"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return dict(line.split("|", 1) for line in proc.stdout.splitlines() if line)
+
+
+def launcher(study_file: Path, storage: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [HPO, "launch", str(study_file), "--storage", storage],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+class QueueWatch(threading.Thread):
+    """Polls squeue for the study's jobs and keeps the largest count seen at once."""
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.document = document
+        self.peak = 0
+        self.polls = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.peak = max(self.peak, len(queued(self.document)))
+            self.polls += 1
+            time.sleep(0.3)
+
+
+def test_two_launchers_started_together_run_the_budget_once(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    document = slurm_study(tmp_path, n_trials=3, max_concurrent=2, epochs=2, max_steps_per_epoch=60)
+    study_file = write_study(tmp_path / "study.yaml", document)
+    watch = QueueWatch(document)
+    watch.start()
+    first, second = launcher(study_file, fresh_database), launcher(study_file, fresh_database)
+    outputs = {proc: proc.communicate(timeout=900)[0] for proc in (first, second)}
+    watch.stop.set()
+    watch.join()
+
+    [winner] = [proc for proc in (first, second) if proc.returncode == 0]
+    [refused] = [proc for proc in (first, second) if proc is not winner]
+    assert refused.returncode == 3, outputs[refused]
+    [line] = [line for line in outputs[refused].splitlines() if "error" in line]
+    assert f"study '{document['study']['name']}' is being launched by pid {winner.pid} on " in line, line
+    assert "hint: wait for that launcher" in line, line
+    trials = load_trials(document, fresh_database)
+    assert len(trials) == 3 and all(t.state.name == "COMPLETE" for t in trials), [
+        (t.number, t.state.name, t.user_attrs) for t in trials
+    ]
+    assert watch.polls > 10 and watch.peak <= 2, (watch.polls, watch.peak)
+    assert sorted(jobs_in_sacct(document)) == sorted(str(t.user_attrs["job_id"]) for t in trials)
+    fault_line(
+        "two `hpo launch` of one study started together (--n-trials 3, max_concurrent 2)",
+        f"one ran the study: 3 trials, at most {watch.peak} Slurm jobs at once (squeue, {watch.polls} polls); "
+        "the other exited 3 naming the launcher that holds the study",
+        0,
+        None,
+    )
+
+
+def test_a_second_launcher_is_refused_while_the_first_holds_the_study(
+    tmp_path: Path, local_cluster: str
+) -> None:
+    """The embedded journal (a file lock) and PostgreSQL (an advisory lock), without training."""
+    from hpo import config, storage
+    from hpo.dispatch.lease import Lease, StudyBusy
+
+    document = study_document("held-study", tmp_path / "work")
+    study_file = write_study(tmp_path / "study.yaml", document)
+    spec = config.load_study(str(study_file))
+    for url in (None, local_cluster):
+        ref = storage.resolve_storage(spec, url, "--storage")
+        lease = Lease(ref, spec.study.name)
+        lease.acquire()
+        try:
+            with pytest.raises(StudyBusy, match=f"being launched by pid {os.getpid()} on "):
+                Lease(ref, spec.study.name).acquire()
+            args = ["launch", str(study_file)] + (["--storage", url] if url else [])
+            refused = run_hpo(*args, timeout=120)
+            assert refused.returncode == 3, refused.stderr
+            assert f"is being launched by pid {os.getpid()} on " in refused.stderr, refused.stderr
+            if url:  # a detached launcher is a Slurm job: refused before it is submitted
+                detached = run_hpo(*args, "--detach", "--executor", "slurm", timeout=120)
+                assert detached.returncode == 3 and "is being launched by" in detached.stderr, detached.stderr
+        finally:
+            lease.release()
+        assert Lease(ref, spec.study.name).held_by_another() is None  # released with its holder
+
+
+def slow_sbatch(tmp_path: Path, delay_s: float) -> dict[str, str]:
+    """A PATH whose sbatch waits ``delay_s`` before submitting, as on a busy cluster."""
+    real = shutil.which("sbatch")
+    assert real
+    folder = tmp_path / "slow-bin"
+    folder.mkdir()
+    (folder / "sbatch").write_text(f'#!/bin/sh\nsleep {delay_s}\nexec {real} "$@"\n')
+    (folder / "sbatch").chmod(0o755)
+    return {"PATH": f"{folder}:{os.environ['PATH']}"}
+
+
+def test_cancel_during_a_slow_submission_is_final(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    document = slurm_study(tmp_path, n_trials=6, max_concurrent=4, epochs=3, max_steps_per_epoch=120)
+    study_file = write_study(tmp_path / "study.yaml", document)
+    running = launcher(study_file, fresh_database, slow_sbatch(tmp_path, 4))
+    # Right after the first submission is stored: the launcher is inside the second, slow sbatch.
+    wait_for_trials(
+        document, fresh_database, running, lambda trials: any("job_id" in t.user_attrs for t in trials)
+    )
+    started = time.monotonic()
+    cancel = run_hpo("cancel", str(study_file), "--storage", fresh_database, timeout=600)
+    took = time.monotonic() - started
+    returned = time.time()
+    assert cancel.returncode == 0, cancel.stderr
+    assert queued(document) == [], cancel.stdout
+    output = running.communicate(timeout=300)[0]
+    time.sleep(10)  # anything submitted late would show now
+    assert queued(document) == []
+
+    trials = load_trials(document, fresh_database)
+    assert all(t.state.name == "FAIL" for t in trials), [
+        (t.number, t.state.name, t.user_attrs) for t in trials
+    ]
+    for trial in trials:
+        asked = trial.datetime_start.timestamp() if trial.datetime_start else 0
+        assert asked < returned, (trial.number, trial.user_attrs)
+        reason = trial.user_attrs["fail_reason"]
+        assert "cancelled by hpo cancel" in reason, reason
+    # Every job the study ever had was cancelled, and each is held by a trial.
+    jobs = jobs_in_sacct(document)
+    assert jobs and all(state.startswith("CANCELLED") for state in jobs.values()), jobs
+    assert set(jobs) == {str(t.user_attrs["job_id"]) for t in trials if "job_id" in t.user_attrs}
+    assert "hpo cancel: submitting no more trials" in output, output
+    assert "submits no more trials" in cancel.stdout, cancel.stdout
+    fault_line(
+        "`hpo cancel` during a submission (sbatch slowed to 4 s, max_concurrent 4)",
+        f"cancel waited for the launcher's confirmation; {len(jobs)} job(s) cancelled, none submitted after it, "
+        f"{len(trials)} trial(s) FAIL as cancelled",
+        0,
+        took,
+    )
+
+
+def test_a_trial_asked_but_never_submitted_is_closed_and_not_counted(
+    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+) -> None:
+    document = slurm_study(tmp_path, n_trials=1, max_concurrent=1, epochs=1, max_steps_per_epoch=20)
+    study_file = write_study(tmp_path / "study.yaml", document)
+    # A submission that fails: the launcher exits, its trial closed with the reason.
+    folder = tmp_path / "refusing-bin"
+    folder.mkdir()
+    (folder / "sbatch").write_text(
+        "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid account' >&2\nexit 1\n"
+    )
+    (folder / "sbatch").chmod(0o755)
+    refused = launcher(study_file, fresh_database, {"PATH": f"{folder}:{os.environ['PATH']}"})
+    output = refused.communicate(timeout=300)[0]
+    assert refused.returncode == 1, output
+    assert (
+        "never submitted: submission failed: sbatch: error: Batch job submission failed: Invalid account"
+        in output
+    )
+    # A launcher killed between ask and submit leaves a RUNNING trial with nothing on it.
+    import optuna
+
+    study = optuna.load_study(study_name=document["study"]["name"], storage=fresh_database)
+    study.ask()
+    relaunch = run_hpo("launch", str(study_file), "--storage", fresh_database)
+    assert relaunch.returncode == 0, relaunch.stdout + relaunch.stderr
+    trials = load_trials(document, fresh_database)
+    states = [
+        (t.state.name, t.user_attrs.get("not_run"), t.user_attrs.get("fail_reason", "")) for t in trials
+    ]
+    assert [s[:2] for s in states] == [("FAIL", True), ("FAIL", True), ("COMPLETE", None)], states
+    assert "Invalid account" in states[0][2] and "never submitted" in states[1][2], states
+    status = run_hpo("status", str(study_file), "--storage", fresh_database)
+    assert "1 of 1 trials" in status.stdout, status.stdout
+    fault_line(
+        "a submission refused by sbatch; a launcher stopped between ask and submit",
+        "each trial asked for it closed FAIL with its reason, not counted; the relaunch ran the budget of 1 exactly",
+        0,
+        None,
+    )
