@@ -266,7 +266,9 @@ def test_cancel_stops_a_running_study_and_leaves_nothing_running(
     document = study_document(
         name, tmp_path / "work", study={"n_trials": 8, "enqueue": [], "pruner": {"name": "none"}}
     )
-    document["trainer"].update(epochs=20, max_steps_per_epoch=40)  # minutes: cancelled long before
+    # Far longer than the test waits: no trial may end on its own before the cancel, even when
+    # the second trial's job starts late on a busy machine.
+    document["trainer"].update(epochs=500, max_steps_per_epoch=40)
     study_file = write_study(tmp_path / "study.yaml", document)
     launcher = launch_in_background(study_file, fresh_database, "--executor", "slurm")
     wait_for_trials(  # two trials running in their jobs

@@ -192,8 +192,10 @@ def run(
             callbacks = [recorder.as_tune_callback()]
             # Tune sets a preset config's keys only where the search space has them.
             param_space = dict.fromkeys(configs[0])
-            # PBT clones from a member's latest checkpoints; it warns when fewer than 3 are kept.
-            checkpoints = tune.CheckpointConfig(num_to_keep=3)
+            # PBT hands a member the donor's checkpoint of the moment it exploits; the donor trains on
+            # while the member restarts, so keep 5 epochs of slack before that checkpoint is deleted
+            # (Tune warns below 3; a slow restart on a busy node once outlasted 3 short epochs).
+            checkpoints = tune.CheckpointConfig(num_to_keep=5)
         else:
             search_alg = optuna_search.study_search(spec, backend, epochs, job_id, started, log)
             scheduler, max_concurrent = build_scheduler(spec, epochs), spec.study.max_concurrent
