@@ -52,7 +52,7 @@ class WorkerTask:
         )
         space = search.distributions(self.spec)
         ran = 0
-        while len(record.counted_trials(study)) < self.spec.study.n_trials:
+        while record.started_count(study) < self.spec.study.n_trials:  # enqueued ones count once run
             if self.deadline_unix is not None and time.time() >= self.deadline_unix:
                 break
             if record.cancel_requested_at(study) >= self.started:

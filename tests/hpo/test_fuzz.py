@@ -52,7 +52,9 @@ COMMANDS = ("launch", "status", "best")
 UNSET = "HPO_FUZZ_SURELY_UNSET"
 # No database listens on port 1: opening the storage fails at once (the "not ready" answer).
 NO_DATABASE = "postgresql://hpo@127.0.0.1:1/none"
-BOUND_S = 1.0
+# A guard against a hang (an alias bomb expanded, a FIFO read), not a speed target: such a file
+# would take minutes; a refused one takes milliseconds, seconds on a machine busy with other tests.
+BOUND_S = 15.0
 
 # Examples per property: the module runs in about 40 s on a 2-core machine (measured: a byte-level
 # mutant takes ~4 ms, a structural one ~10 ms; most are refused early, a valid dry run ~30 ms).
