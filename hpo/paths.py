@@ -6,6 +6,7 @@ shared cluster, nobody else may read or replace them.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import tempfile
@@ -58,8 +59,14 @@ def why_not_creatable(path: Path) -> str | None:
 
 
 def trial_dir(spec: StudySpec, trial_key: int | str) -> Path:
-    """A trial's folder under the study's workdir (its checkpoint, its Ray Train output)."""
-    return spec.workdir / "trials" / str(trial_key)
+    """A trial's folder under the study's workdir (its checkpoint, its Ray Train output).
+
+    Per study and storage: the same study file launched on the embedded journal and then on
+    PostgreSQL numbers its trials from 0 in each, and trial 0 of one must not resume from the
+    finished checkpoint of trial 0 of the other. (A storage URL spelled differently on a relaunch
+    names another folder: its running trials then start their epochs again, nothing worse.)"""
+    storage = hashlib.sha256(str(spec.study.storage or "").encode()).hexdigest()[:8]
+    return spec.workdir / "trials" / f"{spec.study.name}-{storage}" / str(trial_key)
 
 
 def checkpoint_dir(spec: StudySpec, trial_key: int | str) -> Path:

@@ -245,7 +245,7 @@ def test_local_ray_backend_runs_each_trial_as_a_ddp_run_of_ray_train_workers(
         assert trial.user_attrs["nodes"]  # the "node" key of the result, as for single-process trials
     # Each trial trained as 2 ranks: its checkpoint was written for a world of 2 (the trainer's
     # fingerprint), in the folder named after its Tune trial.
-    folders = sorted((tmp_path / "work" / "trials").glob("ray-*/checkpoint"))
+    folders = sorted((tmp_path / "work" / "trials").glob("*/ray-*/checkpoint"))
     assert len(folders) == 2, folders
     for folder in folders:
         saved = torch.load(checkpoint_path(folder), weights_only=False)

@@ -78,7 +78,8 @@ def test_a_full_disk_ends_the_trial_with_the_path_and_no_partial_file(
     assert [t.state.name for t in trials] == ["FAIL", "FAIL"], [(t.number, t.user_attrs) for t in trials]
     for trial in trials:
         reason = trial.user_attrs["fail_reason"]
-        path = workdir / "trials" / str(trial.number) / "checkpoint" / "checkpoint.pt"
+        [folder] = (workdir / "trials").glob(f"*/{trial.number}")  # trials/<study>-<storage>/<number>
+        path = folder / "checkpoint" / "checkpoint.pt"
         assert f"No space left on device: {path}" in reason, reason
     assert trials[1].user_attrs["retry_of"] == 0  # retried as other failures are
     assert not list(full_disk.rglob("*.tmp.*")), list(full_disk.rglob("*"))
