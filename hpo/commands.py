@@ -150,6 +150,8 @@ def launch(request: Request, spec: StudySpec, storage: StorageRef) -> int:
     preflight.check_launch(
         spec, executor=executor, workers=request.workers, detach=request.detach, dry_run=request.dry_run
     )
+    for warning in spec.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     if request.dry_run:
         _print_dry_run(spec, storage, executor)
         return 0
@@ -244,7 +246,9 @@ def _print_dry_run(spec: StudySpec, storage: StorageRef, executor: str) -> None:
             name: {k: v for k, v in dataclasses.asdict(p).items() if v is not None and v is not False}
             for name, p in spec.search_space.items()
         },
-        "trainer": spec.trainer,
+        **(
+            {"objective": dataclasses.asdict(spec.objective)} if spec.objective else {"trainer": spec.trainer}
+        ),
         "resources": dataclasses.asdict(spec.resources),
     }
     print(f"# {spec.source}, resolved (workdir {spec.workdir})")

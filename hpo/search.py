@@ -167,7 +167,11 @@ def definition(spec: StudySpec) -> dict[str, Any]:
     """What gives a study's values their meaning: the metric and directions, the search space,
     and the fixed trainer settings that change what a trial computes (not those that only change
     how fast: ``trainer.config.RUNTIME_ONLY_FIELDS``). Stored on the study; JSON values."""
-    fixed = TrainConfig.from_mapping(dict(spec.trainer)).training_fingerprint()
+    fixed = (
+        _objective_fingerprint(spec)
+        if spec.objective is not None
+        else TrainConfig.from_mapping(dict(spec.trainer)).training_fingerprint()
+    )
     value = {
         "objectives": objective_names(spec),
         "directions": directions(spec),
@@ -179,6 +183,19 @@ def definition(spec: StudySpec) -> dict[str, Any]:
     }
     normalized: dict[str, Any] = json.loads(json.dumps(value, default=str))  # as it reads back
     return normalized
+
+
+def _objective_fingerprint(spec: StudySpec) -> dict[str, Any]:
+    """What of an objective section changes a trial's value: the code run and how it is read
+    (not the grace period, the folder or the environment, which the same code may need to move)."""
+    objective = spec.objective
+    assert objective is not None
+    keys = ("command", "function", "metric_pattern", "final_pattern", "steps")
+    fixed = {
+        f"objective.{key}": getattr(objective, key) for key in keys if getattr(objective, key) is not None
+    }
+    fixed.update({f"objective.fixed.{name}": value for name, value in objective.fixed.items()})
+    return fixed
 
 
 def check_definition(study: optuna.Study, spec: StudySpec, *, allow_space_change: bool) -> bool:
@@ -198,7 +215,7 @@ def check_definition(study: optuna.Study, spec: StudySpec, *, allow_space_change
         key, how = fixed_changes[0]
         more = f" (and {len(fixed_changes) - 1} more)" if len(fixed_changes) > 1 else ""
         raise StudyFileError(
-            f"{where}: trainer.{key}: {how} since the stored study {name!r}{more}; its trials would not "
+            f"{where}: {key if key.startswith('objective.') else 'trainer.' + key}: {how} since the stored study {name!r}{more}; its trials would not "
             "compare with the new ones (other fixed settings need a new study.name)"
         )
     space_changes = _differences(stored.get("search_space", {}), current["search_space"])

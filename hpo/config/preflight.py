@@ -9,6 +9,7 @@ itself happen when it is opened (``hpo.storage.check_reachable``).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import stat
@@ -16,7 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpo.errors import NotReadyError, StudyFileError
+from hpo.errors import NotReadyError, StudyFileError, one_line
 
 if TYPE_CHECKING:
     from hpo.config.schema import StudySpec
@@ -39,6 +40,8 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
                 f"have {spec.resources.world_size} processes (use per-trial jobs for DDP trials)"
             )
     check_folders(spec)
+    if spec.objective is not None:
+        check_objective(spec)
     if dry_run:
         return
     if detach and executor != "slurm":
@@ -50,7 +53,7 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
     if executor == "slurm":
         nodes, gpus, cpus = _job_shape(spec)
         check_partition_capacity(spec, nodes, gpus, cpus)
-    else:
+    elif spec.objective is None:
         check_local_data(spec)
 
 
@@ -155,6 +158,40 @@ def check_partition_capacity(spec: StudySpec, nodes: int, gpus_per_node: int, cp
             f"{cpus_per_node} CPUs each; {where} has {len(capacity)} nodes, {len(fitting)} of them "
             f"big enough (at most {most_gpus} GPUs and {most_cpus} CPUs per node)",
             "ask for less in resources, or choose another resources.partition",
+        )
+
+
+def check_objective(spec: StudySpec) -> None:
+    """The user's code must be there: a function importable here (the launcher's environment is
+    the jobs'), a program or script given as a path must exist; its folder must exist."""
+    from hpo.config.command import import_function, placeholders
+
+    objective = spec.objective
+    assert objective is not None
+    where = f"{spec.source}: objective"
+    if not Path(spec.objective_cwd).is_dir():
+        raise StudyFileError(f"{where}.cwd: {spec.objective_cwd} is not a folder")
+    if objective.function is not None:
+        try:
+            import_function(objective.function, spec.objective_cwd)
+        except Exception as err:  # any import error is the file's: it names the function
+            raise StudyFileError(
+                f"{where}.function: cannot import {objective.function} here: {type(err).__name__}: "
+                f"{one_line(err)}"
+            ) from None
+        return
+    command = objective.command or []
+    # The program, or the script of an interpreter ({python} train.py): checked when it is a path.
+    index = 1 if command[0] == "{python}" and len(command) > 1 else 0
+    program = command[index]
+    if placeholders(program) or ("/" not in program and not (index and program.endswith(".py"))):
+        return  # a name looked up on the compute node's PATH (after resources.setup), or filled per trial
+    path = Path(spec.objective_cwd) / Path(program).expanduser()
+    if not path.is_file():
+        raise StudyFileError(f"{where}.command[{index}]: {program} not found (in {spec.objective_cwd})")
+    if index == 0 and not os.access(path, os.X_OK):
+        raise StudyFileError(
+            f"{where}.command[0]: {program} is not executable (chmod +x, or run it with {{python}})"
         )
 
 

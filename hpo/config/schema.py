@@ -1,10 +1,11 @@
 """Study files: their schema, ``${VAR}`` interpolation, ``--set`` overrides and strict validation.
 
-A study file has four sections, and an optional fifth::
+A study file has these sections::
 
     study:          name, storage, metric and direction, sampler, pruner, budget, retries
-    search_space:   trainer keys to tune, each a float / int / categorical distribution
-    trainer:        fixed trainer settings (any key of ``python -m trainer --help``)
+    search_space:   the parameters to tune, each a float / int / categorical distribution
+    trainer:        fixed settings of the built-in trainer (any key of ``python -m trainer --help``)
+    objective:      or, instead of the trainer, the user's own code: a command or a Python function
     resources:      what one trial gets: executor (slurm | local), nodes, GPUs, time, account...
     launcher:       where ``hpo launch --detach`` runs the launcher (partition, account, time...)
 
@@ -29,6 +30,7 @@ from pydantic import Field, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
+from hpo.config.command import RUNTIME_PLACEHOLDERS, TemplateError, placeholders
 from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig, field_names
 from trainer.errors import ConfigError
 from trainer.fields import KeyProblem, build, check_keys, config_dataclass, field, join, kind, nested
@@ -36,9 +38,9 @@ from trainer.fields import KeyProblem, build, check_keys, config_dataclass, fiel
 if TYPE_CHECKING:
     from pydantic.json_schema import CoreSchemaOrField
 
-Metric = Literal["val_accuracy", "val_loss", "train_accuracy", "train_loss"]
 Direction = Literal["maximize", "minimize"]
-METRICS: dict[Metric, Direction] = {
+# The built-in trainer's metrics; an objective section names its own.
+METRICS: dict[str, Direction] = {
     "val_accuracy": "maximize",
     "val_loss": "minimize",
     "train_accuracy": "maximize",
@@ -68,6 +70,9 @@ _ACCOUNT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
 _SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9-]*$")
 # A whole value written ${VAR} or ${VAR:-default}: hpo.config.loading reads it as the value of VAR.
 _VARIABLE = r"^\$\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\}$"
+# A parameter or metric of the user's own objective: a placeholder name, a Tune result key.
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
 # The names loading.py (and the tests) know these by.
 _KeyProblem = KeyProblem
@@ -115,8 +120,14 @@ class StudySection:
         "optuna (the launcher submits each trial as a job) or ray (Ray Tune inside one allocation, "
         "or a local Ray instance with the local executor).",
     )
-    metric: Metric = field("val_accuracy", f"Objective, reported every epoch: one of {', '.join(METRICS)}.")
-    direction: Direction | None = field(None, "maximize or minimize (default: what the metric implies).")
+    metric: str = field(
+        "val_accuracy",
+        f"The value optimized, reported every epoch: with the trainer one of {', '.join(METRICS)}; "
+        "with an objective section, the name of its metric (letters, digits, _).",
+    )
+    direction: Direction | None = field(
+        None, "maximize or minimize (default: what a trainer metric implies; required otherwise)."
+    )
     also_minimize: CostObjective | None = field(
         None,
         f"A cost minimized alongside the metric, making a multi-objective study whose result is a "
@@ -146,7 +157,9 @@ class StudySection:
 
     def __post_init__(self) -> None:
         _safe_name("name", self.name)
-        if self.direction is None:
+        if not _NAME.fullmatch(self.metric):
+            raise _KeyProblem("metric", f"must be a name (letters, digits and _), got {self.metric!r}")
+        if self.direction is None and self.metric in METRICS:
             self.direction = METRICS[self.metric]
         if self.also_minimize is not None:
             if self.pruner.name != "none":
@@ -371,6 +384,95 @@ class LauncherSection:
         return max(1, math.ceil(parse_duration_min("time", self.time)))
 
 
+@config_dataclass()
+class ObjectiveSection:
+    """The user's own training code as the objective, instead of the built-in trainer."""
+
+    command: list[str] | None = field(
+        None,
+        "The program and its arguments, one list element each (no shell): {name} takes the trial's "
+        "value of a search-space parameter or of objective.fixed; also {trial}, {checkpoint_dir} (the "
+        "same across requeues and retries of a trial), {trial_dir} and {python} (the job's "
+        "interpreter). {{ and }} are literal braces.",
+    )
+    function: str | None = field(
+        None,
+        "package.module:name, called in the trial's job as name(params, trial) with the trial's "
+        "parameters and its hpo.trial handle; its return value is the final metric.",
+    )
+    metric_pattern: str | None = field(
+        None,
+        "command only: a regular expression searched in each line the command prints; its group "
+        "(?P<value>...) is the metric, (?P<step>...) the step (default: the count of matches). Each "
+        "match is a report the pruner sees. Not needed by a script that reports through hpo.trial.",
+    )
+    final_pattern: str | None = field(
+        None,
+        "command only: a regular expression with (?P<value>...) for the final metric "
+        "(default: the last report).",
+    )
+    fixed: dict[str, str | int | float | bool] = field(
+        factory=dict, help="Fixed values of placeholders (not searched), e.g. {epochs: 10}."
+    )
+    steps: int = field(1, "The step of a full run's last report (its epochs): the pruners' maximum.", ge=1)
+    stop_grace_s: float = field(
+        10.0, "Seconds a pruned command has between SIGTERM and SIGKILL to its process group.", gt=0
+    )
+    cwd: str | None = field(
+        None, "Folder the command runs in, relative to the study file's (default: the study file's folder)."
+    )
+    env: dict[str, str] = field(factory=dict, help="Environment variables of the command or function.")
+
+    def __post_init__(self) -> None:
+        if (self.command is None) == (self.function is None):
+            raise _KeyProblem(
+                "command",
+                "give one of command (a program and its arguments) or function (package.module:name)",
+            )
+        if self.command is not None:
+            if not self.command:
+                raise _KeyProblem("command", "is empty: give the program and its arguments")
+            for index, element in enumerate(self.command):
+                key = f"command[{index}]"
+                if "\0" in element:
+                    raise _KeyProblem(key, "contains a NUL character")
+                try:
+                    placeholders(element)
+                except TemplateError as err:
+                    raise _KeyProblem(key, f"{err}: {element!r}") from None
+        else:
+            for key in ("metric_pattern", "final_pattern"):
+                if getattr(self, key) is not None:
+                    raise _KeyProblem(key, "applies to a command objective, not a function")
+            if not _FUNCTION.fullmatch(str(self.function)):
+                raise _KeyProblem("function", f"must be package.module:name, got {self.function!r}")
+        for key in ("metric_pattern", "final_pattern"):
+            pattern = getattr(self, key)
+            if pattern is None:
+                continue
+            try:
+                groups = re.compile(pattern).groupindex
+            except re.error as err:
+                raise _KeyProblem(key, f"is not a regular expression ({err}): {pattern!r}") from None
+            if "value" not in groups:
+                raise _KeyProblem(key, f"needs a group (?P<value>...) for the metric: {pattern!r}")
+        for name, value in self.fixed.items():
+            if not _NAME.fullmatch(name):
+                raise _KeyProblem(f"fixed.{name}", "must be a name (letters, digits and _)")
+            if name in RUNTIME_PLACEHOLDERS:
+                raise _KeyProblem(f"fixed.{name}", "is set by the service for each trial")
+            _single_line(f"fixed.{name}", str(value))
+        for name, value in self.env.items():
+            if not _NAME.fullmatch(name):
+                raise _KeyProblem(f"env.{name}", "must be an environment variable name")
+            _single_line(f"env.{name}", value)
+        if self.cwd is not None:
+            _single_line("cwd", self.cwd)
+
+    def placeholder_names(self) -> list[str]:
+        return [name for element in self.command or [] for name in placeholders(element)]
+
+
 @dataclasses.dataclass
 class StudySpec:
     """A validated study file: everything a launcher, a trial or a report needs."""
@@ -381,6 +483,19 @@ class StudySpec:
     trainer: dict[str, Any]
     resources: Resources
     launcher: LauncherSection = dataclasses.field(default_factory=LauncherSection)
+    objective: ObjectiveSection | None = None
+    """The user's own code as the objective; None: the built-in trainer."""
+    objective_cwd: str = ""
+    """Where the objective runs: objective.cwd resolved against the study file's folder."""
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    """What the launch says before it starts, without refusing (a parameter the command never names)."""
+
+    @property
+    def max_steps(self) -> int:
+        """The step of a full run's last report: the trainer's epochs, or objective.steps."""
+        if self.objective is not None:
+            return self.objective.steps
+        return int(self.trainer.get("epochs", 1))
 
     @property
     def workdir(self) -> Path:
@@ -388,6 +503,8 @@ class StudySpec:
 
     def trainer_config(self, params: Mapping[str, Any], **runtime: Any) -> TrainConfig:
         """The trainer settings of one trial: fixed settings, then the trial's parameters."""
+        if self.objective is not None:
+            raise ConfigError("this study tunes its own objective, not the trainer")
         values = dict(self.trainer)
         values.update(params)
         lr_spec = self.search_space.get("lr")
@@ -416,6 +533,10 @@ class _StudyFile:
     trainer: TrainConfig = field(
         factory=TrainConfig, help="Fixed trainer settings (any key of `python -m trainer --help`)."
     )
+    objective: ObjectiveSection | None = field(
+        None,
+        "Instead of trainer: the user's own code (a command, or a Python function) as the objective.",
+    )
     resources: Resources = field(
         factory=Resources, help="What one trial gets: executor, nodes, GPUs, time..."
     )
@@ -430,6 +551,14 @@ def build_spec(document: dict[str, Any], source: str) -> StudySpec:
         raise _KeyProblem("study", "section is missing (it needs at least a name)")
     study = _section(StudySection, document["study"], "study")
     resources = _section(Resources, document.get("resources"), "resources")
+    if "objective" in document:
+        return _build_objective_spec(document, source, study, resources)
+    if study.metric not in METRICS:
+        raise _KeyProblem(
+            "study.metric",
+            f"the trainer reports {', '.join(METRICS)}; got {study.metric!r} (an objective section "
+            "names its own metric)",
+        )
     trainer = _or_empty(document.get("trainer"))
     if not isinstance(trainer, dict):
         raise _KeyProblem("trainer", f"must be a mapping of trainer keys, got {kind(trainer)}")
@@ -452,6 +581,76 @@ def build_spec(document: dict[str, Any], source: str) -> StudySpec:
         launcher=launcher,
     )
     _check_space_against_trainer(spec)
+    _check_enqueued(spec)
+    if study.also_minimize == "gpu_hours" and not resources.gpus_per_node:
+        raise _KeyProblem("study.also_minimize", "gpu_hours needs resources.gpus_per_node; use cpu_hours")
+    return spec
+
+
+def _build_objective_spec(
+    document: dict[str, Any], source: str, study: StudySection, resources: Resources
+) -> StudySpec:
+    """A study of the user's own code: parameters of any name, no trainer section."""
+    if "trainer" in document:
+        raise _KeyProblem(
+            "objective", "a study tunes the built-in trainer or its own objective, not both: remove trainer"
+        )
+    objective = _section(ObjectiveSection, document["objective"], "objective")
+    if study.direction is None:
+        raise _KeyProblem("study.direction", f"is required for metric {study.metric!r}: maximize or minimize")
+    if study.pruner.name == "pbt":
+        raise _KeyProblem("study.pruner.name", "pbt hands weights between trials: the built-in trainer only")
+    space_doc = _or_empty(document.get("search_space"))
+    if not isinstance(space_doc, dict) or not space_doc:
+        raise _KeyProblem("search_space", "must name at least one parameter to tune")
+    space = {}
+    for name, param_doc in space_doc.items():
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise _KeyProblem(f"search_space.{name}", "must be a name (letters, digits and _)")
+        space[name] = _section(ParamSpec, param_doc, f"search_space.{name}")
+        if space[name].scale_with_batch_size is not None:
+            raise _KeyProblem(
+                f"search_space.{name}.scale_with_batch_size", "applies to the trainer's lr only"
+            )
+        if name in objective.fixed or name in RUNTIME_PLACEHOLDERS:
+            where = "objective.fixed" if name in objective.fixed else "the service (for each trial)"
+            raise _KeyProblem(f"search_space.{name}", f"is also set by {where}; keep it in one place")
+    warnings = []
+    if objective.command is not None:
+        known = [*space, *objective.fixed, *RUNTIME_PLACEHOLDERS]
+        used = objective.placeholder_names()
+        for index, element in enumerate(objective.command):
+            for name in placeholders(element):
+                if name not in known:
+                    raise _KeyProblem(
+                        f"objective.command[{index}]",
+                        f"{{{name}}} names no parameter; known: {', '.join('{' + k + '}' for k in known)}",
+                    )
+        # A command that names none of the parameters reads them through hpo.trial.params(); one
+        # that names some but not all has likely lost a flag.
+        for name in space if any(name in used for name in space) else ():
+            if name not in used:
+                warnings.append(
+                    f"{source}: search_space.{name}: objective.command never uses {{{name}}}; the trial "
+                    "gets it only if the script reads it through hpo.trial.params()"
+                )
+    if resources.tasks_per_node > 1 and study.backend == "ray":
+        raise _KeyProblem(
+            "resources.tasks_per_node",
+            "a Ray-backend trial of an objective section is one process; use backend optuna for DDP",
+        )
+    folder = Path(source).expanduser().absolute().parent
+    spec = StudySpec(
+        source=source,
+        study=study,
+        search_space=space,
+        trainer={},
+        resources=resources,
+        launcher=_section(LauncherSection, document.get("launcher"), "launcher"),
+        objective=objective,
+        objective_cwd=str(folder / Path(objective.cwd).expanduser() if objective.cwd else folder),
+        warnings=warnings,
+    )
     _check_enqueued(spec)
     if study.also_minimize == "gpu_hours" and not resources.gpus_per_node:
         raise _KeyProblem("study.also_minimize", "gpu_hours needs resources.gpus_per_node; use cpu_hours")
@@ -513,6 +712,8 @@ def _check_enqueued(spec: StudySpec) -> None:
             problem = spec.search_space[name].rejects(value)
             if problem:
                 raise _KeyProblem(f"{path}.{name}", problem)
+        if spec.objective is not None:
+            continue
         try:
             spec.trainer_config(params)
         except ConfigError as err:
@@ -529,7 +730,19 @@ def json_schema() -> dict[str, Any]:
     schema = TypeAdapter(_StudyFile).json_schema(schema_generator=_StudyFileSchema)
     # The service sets checkpoint_dir for each trial; the search space names tunable trainer keys only.
     schema["$defs"]["TrainConfig"]["properties"].pop("checkpoint_dir")
-    schema["properties"]["search_space"]["propertyNames"] = {"enum": tunable_keys()}
+    # With an objective section: parameters of any name (its placeholders), a metric of its own, no
+    # trainer section. Without: the trainer's tunable keys and metrics.
+    schema["if"] = {"required": ["objective"]}
+    schema["then"] = {
+        "properties": {"search_space": {"propertyNames": {"pattern": _NAME.pattern}}},
+        "not": {"required": ["trainer"]},
+    }
+    schema["else"] = {
+        "properties": {
+            "search_space": {"propertyNames": {"enum": tunable_keys()}},
+            "study": {"properties": {"metric": _or_variable({"enum": list(METRICS)})}},
+        }
+    }
     return {"$schema": GenerateJsonSchema.schema_dialect, **schema, "title": "hpo study file"}
 
 

@@ -26,7 +26,7 @@ from hpo.dispatch.lease import Lease
 from hpo.observe.progress import Progress
 from hpo.slurm import executors
 from hpo.storage import StorageRef, check_reachable
-from hpo.trial.objective import Objective, TrainerObjective
+from hpo.trial.objective import Objective
 
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage
@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 class LaunchOptions:
     executor: str
     workers: int | None = None
-    objective: Objective = dataclasses.field(default_factory=TrainerObjective)
+    objective: Objective | None = None
+    """None: the study's own (``hpo.trial.objective.objective_for``)."""
     poll_interval_s: float = 0.25
     progress: bool = True
     """A live progress line (plain lines when not on a terminal)."""

@@ -14,7 +14,7 @@ from hpo.dispatch.common import Dispatcher, InFlight, signals_deferred
 from hpo.errors import LaunchError, NotReadyError, one_line
 from hpo.slurm import executors
 from hpo.trial import retries
-from hpo.trial.task import TrialTask
+from hpo.trial.task import TrialTask, objective_for
 
 JOB_EXIT_WAIT_S = 120.0
 """How long a finished trial's Slurm job may stay in the queue (completing) before its place in
@@ -79,7 +79,13 @@ class PerTrialDispatcher(Dispatcher):
         if not self._accepting():  # `hpo cancel` between the ask and now
             record.close_not_run(self.study, trial, f"never submitted: {record.REASON_CANCELLED}")
             return
-        task = TrialTask(self.spec, self.storage, trial.number, dict(trial.params), self.options.objective)
+        task = TrialTask(
+            self.spec,
+            self.storage,
+            trial.number,
+            dict(trial.params),
+            self.options.objective or objective_for(self.spec),
+        )
         try:
             job = executor.submit(task)
         except Exception as err:

@@ -12,6 +12,7 @@ from hpo import record
 from hpo.dispatch.common import Dispatcher, signals_deferred, worker_entry
 from hpo.errors import LaunchError, one_line
 from hpo.slurm import executors
+from hpo.trial.task import objective_for
 from hpo.trial.worker import WorkerTask
 
 
@@ -64,7 +65,7 @@ class WorkerDispatcher(Dispatcher):
             self.spec,
             self.storage,
             self.deadline,
-            self.options.objective,
+            self.options.objective or objective_for(self.spec),
             started=self.started,
             time_limit_min=time_min,
         )

@@ -227,7 +227,11 @@ def _write_summary(
             "value": trial.values[0],
             "params": trial.params,
             "job_id": trial.user_attrs.get(record.ATTR_JOB_ID),
-            "command": next((line.removeprefix("train it: ") for line in best_lines if line.startswith("train it: ")), None),
+            "command": (
+                views.objective_command(spec, trial)
+                if spec.objective is not None
+                else next((line.removeprefix("train it: ") for line in best_lines if line.startswith("train it: ")), None)
+            ),
         }  # fmt: skip
     summary = {
         "study": spec.study.name,

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import shlex
 import signal
+import sys
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ import optuna
 from submitit.core.utils import JobPaths
 
 from hpo import record, search
+from hpo.config.command import render
 from hpo.dispatch.lease import Lease
 from hpo.errors import LaunchError, NotReadyError, StudyFileError
 from hpo.record import ATTR_FINAL_PARAMS, ATTR_RETRY_OF, ATTR_SCHEDULE
@@ -128,10 +130,12 @@ def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
         raise LaunchError(f"study {spec.study.name!r} has no completed trial yet")
     # A PBT member ends with the settings PBT gave it, on weights that may come from others.
     final = best.user_attrs.get(ATTR_FINAL_PARAMS) or best.params
-    try:
-        config = spec.trainer_config(final)
-    except ConfigError as err:  # the study file's trainer section changed since the trial ran
-        raise StudyFileError(f"{spec.source}: trainer: {err}") from None
+    config = None
+    if spec.objective is None:
+        try:
+            config = spec.trainer_config(final)
+        except ConfigError as err:  # the study file's trainer section changed since the trial ran
+            raise StudyFileError(f"{spec.source}: trainer: {err}") from None
     lines = []
     front = record.pareto_front(study, spec)
     if front:
@@ -164,8 +168,38 @@ def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
         lines.append(
             "(the command trains with the final params from the start; it does not replay PBT's schedule)"
         )
-    lines.append("train it: " + full_training_command(config))
+    lines += objective_lines(spec, best) if config is None else ["train it: " + full_training_command(config)]
     return lines
+
+
+def objective_lines(spec: StudySpec, best: optuna.trial.FrozenTrial) -> list[str]:
+    """How to run the best configuration of the user's own objective by hand."""
+    command = objective_command(spec, best)
+    if spec.objective is not None and spec.objective.function is not None:
+        return [f"call it: {command}  (in {spec.objective_cwd}; trial: hpo.trial, run alone)"]
+    fresh = spec.workdir / "rerun" / f"trial-{best.number}"
+    return [f"run it (in {spec.objective_cwd}; checkpoints in a fresh folder, {fresh}):", "  " + command]
+
+
+def objective_command(spec: StudySpec, best: optuna.trial.FrozenTrial) -> str:
+    """The command line (or the function call) of a trial of the user's own objective."""
+    objective = spec.objective
+    assert objective is not None
+    if objective.function is not None:
+        return f"{objective.function}({best.params!r}, trial)"
+    # A fresh checkpoint folder: the trial's own would resume its finished run.
+    fresh = spec.workdir / "rerun" / f"trial-{best.number}"
+    values = {
+        **objective.fixed,
+        **best.params,
+        "trial": best.number,
+        "checkpoint_dir": str(fresh / "checkpoint"),
+        "trial_dir": str(fresh),
+        "python": spec.resources.python or sys.executable,
+    }
+    argv = render(objective.command or [], values)
+    environment = [f"{name}={value}" for name, value in objective.env.items()]
+    return shlex.join([*(["env", *environment] if environment else []), *argv])
 
 
 def full_training_command(config: TrainConfig) -> str:

@@ -169,6 +169,8 @@ def study_cost(spec: StudySpec, trials: Sequence[optuna.trial.FrozenTrial]) -> S
 
 def _planned_epochs(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> int:
     """The epochs the trial was to train (``epochs`` may be a searched parameter)."""
+    if spec.objective is not None:
+        return spec.max_steps
     try:
         return spec.trainer_config(trial.params).epochs
     except ConfigError:  # the study file changed since: its fixed setting is the best guess

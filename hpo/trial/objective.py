@@ -1,19 +1,24 @@
 """What a trial computes: an objective runs one trial's work on one rank and returns its metric.
 
 The built-in objective is the trainer (a short AMP/DDP ResNet run, checkpointed under the study's
-workdir); ``FixedDurationObjective`` stands in for training when only dispatch is measured.
+workdir). A study's ``objective`` section makes it the user's own code instead: a command
+(``hpo.trial.command``) or a Python function (:class:`FunctionObjective`). ``FixedDurationObjective``
+stands in for training when only dispatch is measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hpo import record
-from hpo.paths import checkpoint_dir
-from trainer.reporting import Decision, EpochMetrics, Reporter
+from hpo.config.command import import_function
+from hpo.paths import checkpoint_dir, private_dir
+from hpo.trial import client
+from trainer.reporting import Decision, EpochMetrics
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -27,12 +32,40 @@ class ObjectiveResult:
     attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+class ObjectiveFailed(RuntimeError):
+    """The user's objective failed; the message is the trial's fail reason (one line)."""
+
+
+@dataclasses.dataclass
+class StepReport:
+    """One report of the user's objective: its step (an epoch) and its metric, read like the
+    trainer's :class:`EpochMetrics` by the reporters (``epoch``, the metric's name, ``to_dict``)."""
+
+    epoch: int
+    values: dict[str, float]
+
+    def __getattr__(self, name: str) -> float:
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, **self.values}
+
+
+class StepReporter(Protocol):
+    """A reporter to the study (Optuna's or Tune's): the trainer's epochs or an objective's steps."""
+
+    def report(self, metrics: EpochMetrics | StepReport) -> Decision | None: ...
+
+
 class Objective(Protocol):
     """Runs one trial's work on this rank. ``reporter`` is None on ranks other than 0, except in a
     Ray Train DDP trial, whose reporter every rank calls (Train's report is a barrier)."""
 
     def __call__(
-        self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: Reporter | None
+        self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: StepReporter | None
     ) -> ObjectiveResult: ...
 
 
@@ -44,7 +77,7 @@ class TrainerObjective:
     """Optimizer settings a resumed checkpoint may differ in (the trainer's option of that name)."""
 
     def __call__(
-        self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: Reporter | None
+        self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: StepReporter | None
     ) -> ObjectiveResult:
         import torch  # only in the trial's own process: the launcher never loads torch
 
@@ -87,6 +120,59 @@ class TrainerObjective:
 
 
 @dataclasses.dataclass
+class FunctionObjective:
+    """``objective.function``: the user's function, called in this process as ``fn(params, trial)``
+    with the trial's :class:`hpo.trial.Trial` (also what ``hpo.trial``'s functions use meanwhile).
+    Its return value is the final metric; a report that the pruner stops ends it as pruned."""
+
+    def __call__(
+        self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: StepReporter | None
+    ) -> ObjectiveResult:
+        assert spec.objective is not None and spec.objective.function is not None
+        function = import_function(spec.objective.function, spec.objective_cwd)
+        stopped: list[float] = []
+        last: list[float] = []
+
+        def ask(step: int, value: float) -> bool:
+            assert reporter is not None
+            last[:] = [value]
+            stop = reporter.report(StepReport(epoch=step, values={spec.study.metric: value})) == Decision.STOP
+            if stop:
+                stopped.append(value)
+            return stop
+
+        trial = client.Trial(
+            key=str(trial_key),
+            number=trial_key if isinstance(trial_key, int) else None,
+            params=params,
+            checkpoint_dir=str(private_dir(checkpoint_dir(spec, trial_key))),
+            ask=ask if reporter is not None else None,
+        )
+        previous_env = {name: os.environ.get(name) for name in spec.objective.env}
+        os.environ.update(spec.objective.env)
+        client.set_current(trial)
+        try:
+            value = function(dict(params), trial)
+        finally:
+            client.set_current(None)
+            for name, old in previous_env.items():
+                if old is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = old
+        if stopped:
+            return ObjectiveResult(value=stopped[-1], pruned=True)
+        if value is None and not last:
+            raise ObjectiveFailed(f"{spec.objective.function} returned None and reported nothing")
+        try:
+            return ObjectiveResult(value=float(value if value is not None else last[-1]), pruned=False)
+        except (TypeError, ValueError):
+            raise ObjectiveFailed(
+                f"{spec.objective.function} returned {value!r}, not a number (the final metric)"
+            ) from None
+
+
+@dataclasses.dataclass
 class FixedDurationObjective:
     """A stand-in for training that takes a fixed time: for measuring dispatch overhead.
 
@@ -98,7 +184,7 @@ class FixedDurationObjective:
     epochs: int = 3
 
     def __call__(
-        self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: Reporter | None
+        self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: StepReporter | None
     ) -> ObjectiveResult:
 
         value = 0.0

@@ -8,7 +8,14 @@ from hpo import record
 from trainer.reporting import Decision, EpochMetrics
 
 if TYPE_CHECKING:
+    from hpo.trial.objective import StepReport
+
+if TYPE_CHECKING:
     import optuna
+
+
+class TrialAborted(RuntimeError):
+    """The trial ends here, for the reason a signal handler decided on (see ``abort``)."""
 
 
 class OptunaReporter:
@@ -28,10 +35,15 @@ class OptunaReporter:
         )
         self.last_epoch = max(record.curve(record.read_trial(trial.study, record.trial_id(trial))), default=0)
         """The last epoch stored for the trial, by this run or an earlier one."""
+        self.abort = ""
+        """Set (to the reason) when the trial must end at its next report: a signal handler's
+        exception can be swallowed by the code it interrupts (an import's broad except)."""
 
-    def report(self, metrics: EpochMetrics) -> Decision:
+    def report(self, metrics: EpochMetrics | StepReport) -> Decision:
         # A database restart mid-trial costs a wait, not the trial (a repeated report of the same
         # step is ignored by Optuna).
+        if self.abort:
+            raise TrialAborted(self.abort)
         value = float(getattr(metrics, self.metric))
         self.last_epoch = max(self.last_epoch, metrics.epoch)
         if self.multi_objective:

@@ -25,7 +25,8 @@ from hpo.errors import one_line
 from hpo.slurm import accounting
 from hpo.storage import StorageRef, open_storage, with_retries
 from hpo.trial import retries
-from hpo.trial.objective import Objective, TrainerObjective
+from hpo.trial.command import CommandObjective
+from hpo.trial.objective import FunctionObjective, Objective, ObjectiveFailed, TrainerObjective
 from hpo.trial.reporter import OptunaReporter
 
 if TYPE_CHECKING:
@@ -79,9 +80,20 @@ class TrialTask:
                 f"{_RUN.start_epoch}; the job's time limit ({self.spec.resources.time_min} min) may be shorter "
                 "than an epoch: raise resources.time"
             )
+            if _RUN.reporter is not None:
+                # The error submitit raises from this handler may land in code that swallows it:
+                # the next report ends the trial then.
+                _RUN.reporter.abort = _RUN.stop_reason
             return None  # submitit then raises UncompletedJobError in the trial instead of requeueing
         REQUEUE_REQUESTED.set()
         return submitit.helpers.DelayedSubmission(self)
+
+
+def objective_for(spec: StudySpec) -> Objective:
+    """The study's objective: its own command or function, or the built-in trainer."""
+    if spec.objective is None:
+        return TrainerObjective()
+    return CommandObjective() if spec.objective.command is not None else FunctionObjective()
 
 
 REQUEUE_REQUESTED = threading.Event()
@@ -128,6 +140,7 @@ def run_attached(
     print(f"rank 0 reporting to study {spec.study.name!r}, trial {trial.number}: {trial.params}", flush=True)
     try:
         reporter = OptunaReporter(trial, spec.study.metric, multi_objective=bool(spec.study.also_minimize))
+        reporter.abort = _RUN.stop_reason  # a requeue signal may have come already
         _RUN.start_epoch, _RUN.reporter = reporter.last_epoch, reporter
         result = objective(spec, trial.number, dict(trial.params), reporter)
     except BaseException as err:
@@ -136,7 +149,8 @@ def run_attached(
             # the requeued job resumes it from its last checkpoint.
             print(f"trial {trial.number} requeued; it resumes from its last checkpoint", flush=True)
             raise
-        reason = _RUN.stop_reason or one_line(err)
+        # The user's objective says in its own words why it failed: no exception name before them.
+        reason = _RUN.stop_reason or one_line(err, name=not isinstance(err, ObjectiveFailed))
         if retries.is_out_of_memory(err):
             _finish_attrs(spec, trial, started, {})
             record.tell_infeasible(study, trial, reason, search.directions(spec))

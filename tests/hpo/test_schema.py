@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,10 @@ REGENERATE = (
     "print(json.dumps(json_schema(), indent=2))' > docs/study.schema.json"
 )
 # studies/ also holds a trainer config (python -m trainer --config), which is no study file.
-STUDIES = sorted(p for p in (REPO / "studies").glob("*.yaml") if p.name != "trainer-fashion-mnist.yaml")
+STUDIES = sorted(
+    [p for p in (REPO / "studies").glob("*.yaml") if p.name != "trainer-fashion-mnist.yaml"]
+    + list((REPO / "examples").glob("*/*.yaml"))
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +53,7 @@ def test_the_study_files_point_editors_at_the_schema() -> None:
     assert STUDIES
     for path in STUDIES:
         first = path.read_text().splitlines()[0]
-        assert first == "# yaml-language-server: $schema=../docs/study.schema.json", path
+        assert first == f"# yaml-language-server: $schema={os.path.relpath(COMMITTED, path.parent)}", path
 
 
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)

@@ -26,6 +26,7 @@ from trainer.yamlfile import load_yaml_mapping
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "studies" / "quickstart.yaml"
+DLOJZ = REPO / "examples" / "dlojz" / "study.yaml"  # the user's own script as the objective
 HPO = str(Path(sys.executable).parent / "hpo")
 UNSET = "HPO_TEST_SURELY_UNSET_VARIABLE"
 
@@ -35,10 +36,13 @@ UNSET = "HPO_TEST_SURELY_UNSET_VARIABLE"
 # --------------------------------------------------------------------------------------------------
 
 
-def base_document(workdir: Path) -> dict[str, Any]:
-    """The quickstart study (read with the loader's YAML 1.2 rules), its workdir under tmp."""
-    document = load_yaml_mapping(QUICKSTART)
+def base_document(workdir: Path, base: Path = QUICKSTART) -> dict[str, Any]:
+    """The quickstart study, or another shipped one (read with the loader's YAML 1.2 rules), its
+    workdir under tmp; an objective's folder stays the shipped file's."""
+    document = load_yaml_mapping(base)
     document["study"]["workdir"] = str(workdir)
+    if "objective" in document:
+        document["objective"]["cwd"] = str(base.parent)
     return document
 
 
@@ -132,6 +136,15 @@ class Bad:
     directory: bool = False  # the "file" is a directory: it cannot be read
     dry_run: bool = True  # otherwise `--executor local`, still failing in validation
     names_file: bool = True  # errors about a command-line option need not name the file
+    base: Path = QUICKSTART  # the valid file the edits apply to
+
+
+def Own(expect: tuple[str, ...], edits: dict[str, Any], **more: Any) -> Bad:
+    """A malformed study of the user's own script (the dlojz example, edited)."""
+    return Bad(expect, edits, base=DLOJZ, **more)
+
+
+COMMAND = ["{python}", "train.py", "--lr", "{lr}", "--wd", "{wd}", "--batch-size", "{batch_size}", "--pct-start", "{pct_start}"]  # fmt: skip
 
 
 CORPUS = [
@@ -212,6 +225,31 @@ CORPUS = [
     pytest.param(Bad(("study.pruner.options", "reduction_factor"), {"study.pruner.options.reduction_factor": 1}, dry_run=False), id="local-pruner-option"),
     pytest.param(Bad(("search_space.lr.low", "> 0 on a log scale"), {"search_space.lr.low": -1.0}, dry_run=False), id="local-log-negative"),
     pytest.param(Bad(("--workers", "must be >= 1"), args=("--workers", "0"), dry_run=False, names_file=False), id="local-workers-0"),
+    # The user's own code as the objective.
+    pytest.param(Own(("objective.command[10]", "{lrr} names no parameter", "{lr}"), {"objective.command": [*COMMAND, "{lrr}"]}), id="own-unknown-placeholder"),
+    pytest.param(Own(("objective.command[3]", "lone '{'"), {"objective.command": [*COMMAND[:3], "{lr", *COMMAND[4:]]}), id="own-lone-brace"),
+    pytest.param(Own(("objective.command[3]", "{lr:.3f} is not a name"), {"objective.command": [*COMMAND[:3], "{lr:.3f}", *COMMAND[4:]]}), id="own-format-spec"),
+    pytest.param(Own(("objective.metric_pattern", "not a regular expression"), {"objective.metric_pattern": "epoch (?P<value>[0-9.]+"}), id="own-pattern-invalid"),
+    pytest.param(Own(("objective.metric_pattern", "(?P<value>...)"), {"objective.metric_pattern": "epoch (?P<step>\\d+) val_acc ([0-9.]+)"}), id="own-pattern-no-value"),
+    pytest.param(Own(("objective.final_pattern", "(?P<value>...)"), {"objective.final_pattern": "final ([0-9.]+)"}), id="own-final-no-value"),
+    pytest.param(Own(("objective", "not both", "remove trainer"), {"trainer": {"epochs": 3}}), id="own-and-trainer"),
+    pytest.param(Own(("objective.command", "give one of command", "function"), {"objective.function": "train:main"}), id="own-command-and-function"),
+    pytest.param(Own(("objective.function", "cannot import no_such_module:fn here", "ModuleNotFoundError"), {"objective": {"function": "no_such_module:fn", "steps": 4}}), id="own-function-not-importable"),
+    pytest.param(Own(("objective.function", "cannot import train:no_such_name", "AttributeError"), {"objective": {"function": "train:no_such_name", "steps": 4, "cwd": str(DLOJZ.parent)}}), id="own-function-no-name"),
+    pytest.param(Own(("objective.function", "package.module:name"), {"objective": {"function": "train.main", "steps": 4}}), id="own-function-no-colon"),
+    pytest.param(Own(("objective.metric_pattern", "applies to a command"), {"objective": {"function": "train:main", "metric_pattern": "(?P<value>.*)"}}), id="own-function-with-pattern"),
+    pytest.param(Own(("objective.command[0]", "./missing.sh not found"), {"objective.command": ["./missing.sh", *COMMAND[2:]]}), id="own-program-not-found"),
+    pytest.param(Own(("objective.command[1]", "nope.py not found"), {"objective.command": ["{python}", "nope.py", *COMMAND[2:]]}), id="own-script-not-found"),
+    pytest.param(Own(("objective.cwd", "is not a folder"), {"objective.cwd": "no/such/folder"}), id="own-cwd-missing"),
+    pytest.param(Own(("study.direction", "required for metric 'val_acc'"), {"study.direction": None}), id="own-metric-without-direction"),
+    pytest.param(Bad(("study.metric", "the trainer reports", "'val_acc'"), {"study.metric": "val_acc", "study.direction": "maximize"}), id="trainer-unknown-metric"),
+    pytest.param(Own(("objective.fixed.checkpoint_dir", "set by the service"), {"objective.fixed.checkpoint_dir": "/tmp/x"}), id="own-fixed-runtime-name"),
+    pytest.param(Own(("search_space.epochs", "also set by objective.fixed"), {"search_space.epochs": {"type": "int", "low": 1, "high": 8}}), id="own-searched-and-fixed"),
+    pytest.param(Own(("search_space.batch-size", "must be a name"), {"search_space.batch-size": {"type": "int", "low": 16, "high": 64}}), id="own-param-not-a-name"),
+    pytest.param(Own(("objective.fixed.note", "single line"), {"objective.fixed.note": "a\nb"}), id="own-fixed-newline"),
+    pytest.param(Own(("study.pruner.name", "built-in trainer only"), {"study.backend": "ray", "study.pruner": {"name": "pbt"}}), id="own-pbt"),
+    pytest.param(Own(("resources.tasks_per_node", "use backend optuna for DDP"), {"study.backend": "ray", "resources.tasks_per_node": 2}), id="own-ray-ddp"),
+    pytest.param(Own(("objective.steps", "must be >= 1"), {"objective.steps": 0}), id="own-steps-0"),
 ]  # fmt: skip
 
 
@@ -224,7 +262,7 @@ def test_bad_input_is_one_line_and_exit_2(case: Bad, tmp_path: Path) -> None:
     elif case.directory:
         path.mkdir()
     elif not case.missing:
-        document = base_document(workdir)
+        document = base_document(workdir, case.base)
         for key, value in case.edits.items():
             set_key(document, key, value)
         write_study(path, document)
@@ -518,3 +556,26 @@ def test_base_document_is_valid(tmp_path: Path) -> None:
     document = base_document(tmp_path / "w")
     spec = load_study(write_study(tmp_path / "s.yaml", copy.deepcopy(document)))
     assert spec.workdir == tmp_path / "w"
+
+
+def test_the_own_code_base_document_is_valid(tmp_path: Path) -> None:
+    """The base of the objective cases loads: each of them fails for its own edit only."""
+    spec = load_study(write_study(tmp_path / "s.yaml", base_document(tmp_path / "w", DLOJZ)))
+    assert spec.objective is not None and spec.objective_cwd == str(DLOJZ.parent)
+    assert spec.study.direction == "maximize" and spec.max_steps == 4 and spec.warnings == []
+
+
+def test_a_parameter_the_command_never_names_is_a_warning_not_an_error(tmp_path: Path) -> None:
+    """A command that names some parameters but not another has likely lost a flag: the launch says
+    which, and goes on (the script may read it through hpo.trial.params())."""
+    document = base_document(tmp_path / "w", DLOJZ)
+    document["objective"]["command"] = [
+        e for e in document["objective"]["command"] if e not in ("--wd", "{wd}")
+    ]
+    proc = run_hpo("launch", str(write_study(tmp_path / "s.yaml", document)), "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    [warning] = proc.stderr.splitlines()
+    assert warning.startswith("warning: ") and "search_space.wd: objective.command never uses {wd}" in warning
+    assert (
+        yaml.safe_load(proc.stdout)["objective"]["metric_pattern"] == document["objective"]["metric_pattern"]
+    )

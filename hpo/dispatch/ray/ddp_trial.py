@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpo.errors import NotReadyError, StudyFileError
 from hpo.paths import trial_dir
-from hpo.trial.objective import Objective
+from hpo.trial.objective import Objective, StepReport
 from trainer.reporting import Decision, EpochMetrics
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ class _TrainReporter:
     def __init__(self, main: bool) -> None:
         self.main = main
 
-    def report(self, metrics: EpochMetrics) -> Decision:
+    def report(self, metrics: EpochMetrics | StepReport) -> Decision:
         import ray.train
 
         if self.main:

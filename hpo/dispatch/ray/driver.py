@@ -29,7 +29,8 @@ from hpo.dispatch.common import open_study
 from hpo.dispatch.ray import ddp_trial, optuna_search, population
 from hpo.paths import checkpoint_dir
 from hpo.storage import StorageRef
-from hpo.trial.objective import Objective, TrainerObjective
+from hpo.trial.objective import Objective, StepReport, TrainerObjective
+from hpo.trial.task import objective_for
 from trainer.reporting import Decision, EpochMetrics
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective, pb
     class TuneReporter:
         checkpoint_before_report = pbt
 
-        def report(self, metrics: EpochMetrics) -> Decision:
+        def report(self, metrics: EpochMetrics | StepReport) -> Decision:
             node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
             payload = {**metrics.to_dict(), "node": node}  # Tune overwrites "hostname"
             if pbt:
@@ -148,6 +149,8 @@ def run(
 
     pbt = spec.study.pruner.name == "pbt"
     # Under PBT a member goes on from another's checkpoint with perturbed optimizer settings.
+    if objective is None and spec.objective is not None:
+        objective = objective_for(spec)
     objective = objective or TrainerObjective(",".join(population.mutations(spec)) if pbt else "")
     started = time.time()  # an `hpo cancel` from before this launch does not stop it
     study, backend = open_study(spec, storage, reseed=False, allow_space_change=allow_space_change)
@@ -158,7 +161,7 @@ def run(
         + (f" ({leftovers} left running by an ended Ray job, now failed)" if leftovers else ""))  # fmt: skip
     if remaining <= 0:
         return
-    epochs = int(spec.trainer.get("epochs", 1))
+    epochs = spec.max_steps
     job_id = os.environ.get("SLURM_JOB_ID", f"local-{os.getpid()}")
     recorder: population.PopulationRecorder | None = None
     if address:

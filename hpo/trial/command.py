@@ -1,0 +1,309 @@
+"""The user's own program as a trial: ``objective.command``, run unchanged in the trial's job.
+
+Each rank of the job runs the command once (the job's tasks are srun's, so a DDP script sees its
+rank in ``SLURM_PROCID``, and in ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` as torchrun would set
+them). On rank 0, each report reaches the study: a line of its output that ``metric_pattern``
+matches, or a ``hpo.trial.report`` call over the socket the script inherits. When the pruner says
+stop, a command that reports through its output gets SIGTERM on its process group, then SIGKILL
+after ``stop_grace_s``; one that reports through ``hpo.trial`` is told and stops itself (the same
+signals follow if it does not). The other ranks stop their command when rank 0 leaves a stop file
+in the trial's folder.
+
+Parameters become argv elements by substitution (``hpo.config.command``): no shell is involved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from hpo.config.command import render
+from hpo.paths import checkpoint_dir, private_dir, trial_dir
+from hpo.trial import client
+from hpo.trial.objective import ObjectiveFailed, ObjectiveResult, StepReport, StepReporter
+from trainer.reporting import Decision
+
+if TYPE_CHECKING:
+    from hpo.config import StudySpec
+
+STOP_FILE = "stop"
+"""Left in the trial's folder by rank 0 when the trial is pruned: the other ranks stop too."""
+
+WAIT_FOR_SLURM_KILL_S = 300.0
+"""How long a job whose command Slurm terminated waits for its own end (requeue or cancel)."""
+
+
+@dataclasses.dataclass
+class CommandObjective:
+    """Runs ``objective.command`` for one trial on this rank (see the module docstring)."""
+
+    def __call__(
+        self, spec: StudySpec, trial_key: int | str, params: dict[str, Any], reporter: StepReporter | None
+    ) -> ObjectiveResult:
+        assert spec.objective is not None and spec.objective.command is not None
+        folder = private_dir(trial_dir(spec, trial_key))
+        checkpoints = private_dir(checkpoint_dir(spec, trial_key))
+        values = {
+            **spec.objective.fixed,
+            **params,
+            "trial": trial_key,
+            "checkpoint_dir": str(checkpoints),
+            "trial_dir": str(folder),
+            "python": sys.executable,
+        }
+        argv = render(spec.objective.command, values)
+        env = {**os.environ, **trial_environment(spec, trial_key, params, checkpoints)}
+        if spec.resources.world_size > 1:
+            env.update(_torch_rank_environment())
+        with _Command(argv, spec.objective_cwd, env, channel=reporter is not None) as command:
+            return command.run(spec, reporter, folder / STOP_FILE)
+
+
+def trial_environment(
+    spec: StudySpec, trial_key: int | str, params: dict[str, Any], checkpoints: Path
+) -> dict[str, str]:
+    """What the user's code learns of its trial (hpo.trial reads it back)."""
+    assert spec.objective is not None
+    return {
+        **spec.objective.env,
+        client.ENV_KEY: str(trial_key),
+        **({client.ENV_NUMBER: str(trial_key)} if isinstance(trial_key, int) else {}),
+        client.ENV_PARAMS: json.dumps(params),
+        client.ENV_CHECKPOINT_DIR: str(checkpoints),
+        "HPO_STUDY_NAME": spec.study.name,
+    }
+
+
+def _torch_rank_environment() -> dict[str, str]:
+    """torchrun's variables from the Slurm task (or submitit's local executor) this rank is."""
+    import submitit
+
+    dist_env = submitit.helpers.TorchDistributedEnvironment()
+    return {
+        "MASTER_ADDR": os.environ.get("MASTER_ADDR", dist_env.master_addr),
+        "MASTER_PORT": str(dist_env.master_port),
+        "RANK": str(dist_env.rank),
+        "WORLD_SIZE": str(dist_env.world_size),
+        "LOCAL_RANK": str(dist_env.local_rank),
+        "LOCAL_WORLD_SIZE": str(dist_env.local_world_size),
+    }
+
+
+class _Command:
+    """One run of the command: its process group, its output lines and reports as events."""
+
+    def __init__(self, argv: list[str], cwd: str, env: dict[str, str], *, channel: bool) -> None:
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.last_line = {"stdout": "", "stderr": ""}
+        self.stopped_by_us = False
+        self._terminated = threading.Event()
+        self._ours: socket.socket | None = None
+        theirs: socket.socket | None = None
+        if channel:
+            self._ours, theirs = socket.socketpair()
+            env = {**env, client.ENV_FD: str(theirs.fileno())}
+        try:
+            self.process = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group: a stop reaches its children too
+                pass_fds=(theirs.fileno(),) if theirs is not None else (),
+            )
+        except OSError as err:
+            raise ObjectiveFailed(f"cannot run {argv[0]!r} in {cwd}: {err.strerror or err}") from None
+        finally:
+            if theirs is not None:
+                theirs.close()
+        assert self.process.stdout is not None and self.process.stderr is not None
+        self._threads = [
+            threading.Thread(target=self._read_lines, args=("stdout", self.process.stdout, sys.stdout), daemon=True),
+            threading.Thread(target=self._read_lines, args=("stderr", self.process.stderr, sys.stderr), daemon=True),
+        ]  # fmt: skip
+        if self._ours is not None:
+            self._threads.append(threading.Thread(target=self._read_reports, daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def __enter__(self) -> _Command:
+        self._previous_sigterm = _chain_sigterm(self._terminated)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Whatever ended the run (a stop, an exception, submitit's requeue), nothing stays running.
+        self.stop(grace_s=0.0 if self.process.poll() is not None else 5.0)
+        if self._ours is not None:
+            self._ours.close()
+        if self._previous_sigterm is not None:
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGTERM, self._previous_sigterm)
+
+    def run(self, spec: StudySpec, reporter: StepReporter | None, stop_file: Path) -> ObjectiveResult:
+        assert spec.objective is not None
+        objective = spec.objective
+        pattern = re.compile(objective.metric_pattern) if objective.metric_pattern else None
+        final_pattern = re.compile(objective.final_pattern) if objective.final_pattern else None
+        reports = 0
+        last: float | None = None
+        final: float | None = None
+        stop_asked_at: float | None = None
+        while True:
+            try:
+                kind, payload = self.events.get(timeout=0.5)
+            except queue.Empty:
+                kind, payload = "", None
+            if kind == "stdout" and reporter is not None:
+                if final_pattern and (found := final_pattern.search(payload)):
+                    final = _number(found.group("value"))
+                if pattern and (found := pattern.search(payload)):
+                    value = _number(found.group("value"))
+                    step = int(found.group("step")) if "step" in found.groupdict() else reports + 1
+                    if value is not None and stop_asked_at is None:
+                        reports, last = reports + 1, value
+                        if _decide(reporter, spec, step, value) == Decision.STOP:
+                            stop_file.touch()
+                            self.stop(objective.stop_grace_s)
+                            return ObjectiveResult(value=value, pruned=True)
+            elif kind == "report" and reporter is not None:
+                step, value = payload
+                reports, last = reports + 1, value
+                stop = _decide(reporter, spec, step, value) == Decision.STOP
+                self._reply(client.STOP if stop else client.CONTINUE)
+                if stop:
+                    stop_file.touch()
+                    stop_asked_at = time.monotonic()
+            if stop_asked_at is not None and time.monotonic() - stop_asked_at > objective.stop_grace_s:
+                self.stop(objective.stop_grace_s)
+            if reporter is None and stop_file.exists():
+                self.stop(objective.stop_grace_s)
+                return ObjectiveResult(value=float("nan"), pruned=True)
+            if self.process.poll() is not None and self.events.empty():
+                if not self._reading():
+                    break
+                # Whatever it started that still holds its output open ends with it.
+                _signal_group(self.process.pid, signal.SIGKILL)
+                for thread in self._threads[:2]:
+                    thread.join(timeout=5.0)
+        returncode = self.process.wait()
+        if stop_asked_at is not None:
+            return ObjectiveResult(value=last if last is not None else float("nan"), pruned=True)
+        if reporter is None and stop_file.exists():
+            return ObjectiveResult(value=float("nan"), pruned=True)
+        if returncode < 0:
+            self._signalled(-returncode)
+        if returncode != 0:
+            line = self.last_line["stderr"] or self.last_line["stdout"]
+            raise ObjectiveFailed(f"the command exited with status {returncode}: {line}".rstrip(": "))
+        value = final if final is not None else last
+        if reporter is None:
+            return ObjectiveResult(value=float("nan"), pruned=False)
+        if value is None:
+            raise ObjectiveFailed(f"no metric reported; last output line: {self.last_line['stdout']!r}")
+        return ObjectiveResult(value=value, pruned=False)
+
+    def _signalled(self, signum: int) -> None:
+        """The command died of a signal this process did not send."""
+        name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
+        if self._terminated.is_set():
+            # Slurm is ending the job (scancel, scontrol requeue, preemption): the trial stays
+            # RUNNING for the requeued job, or for the launcher to fail from Slurm's state.
+            print(f"the command ended by {name} with its job; waiting for Slurm to end this job", flush=True)
+            time.sleep(WAIT_FOR_SLURM_KILL_S)
+        raise ObjectiveFailed(
+            f"the command was killed by {name}; last output line: {self.last_line['stdout']!r}"
+        )
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM to the command's process group, SIGKILL after ``grace_s``."""
+        self.stopped_by_us = True
+        pgid = self.process.pid  # start_new_session: its group's id is its pid
+        if self.process.poll() is None:
+            _signal_group(pgid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=grace_s)
+        _signal_group(pgid, signal.SIGKILL)  # and whatever it started that outlived it
+        self.process.wait()
+
+    def _reading(self) -> bool:
+        return any(thread.is_alive() for thread in self._threads[:2])
+
+    def _read_lines(self, kind: str, stream: IO[bytes], echo: IO[str]) -> None:
+        for raw in stream:
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            print(line, file=echo, flush=True)  # the job's log keeps the command's output
+            if line.strip():
+                self.last_line[kind] = line.strip()[:500]
+            self.events.put((kind, line))
+
+    def _read_reports(self) -> None:
+        assert self._ours is not None
+        with contextlib.suppress(OSError), self._ours.makefile("r", encoding="utf-8") as lines:
+            for line in lines:
+                try:
+                    message = json.loads(line)
+                    self.events.put(("report", (int(message["step"]), float(message["value"]))))
+                except (ValueError, KeyError, TypeError):
+                    print(
+                        f"hpo.trial: ignored a malformed report {line.strip()!r}", file=sys.stderr, flush=True
+                    )
+
+    def _reply(self, word: str) -> None:
+        assert self._ours is not None
+        with contextlib.suppress(OSError):
+            self._ours.sendall((word + "\n").encode())
+
+
+def _decide(reporter: StepReporter, spec: StudySpec, step: int, value: float) -> Decision:
+    decision = reporter.report(StepReport(epoch=step, values={spec.study.metric: value}))
+    # Rank 0's log says what reached the study (a DDP job's other ranks report nothing).
+    print(
+        f"hpo: report of step {step}: {spec.study.metric}={value:.6g} ({'stop' if decision == Decision.STOP else 'go on'})",
+        flush=True,
+    )
+    return Decision.STOP if decision == Decision.STOP else Decision.CONTINUE
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _chain_sigterm(flag: threading.Event) -> Any:
+    """Note a SIGTERM sent to this process (Slurm ending the job), then do what was done before
+    (submitit logs it and lets the job run on to its SIGKILL). None off the main thread."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum: int, frame: Any) -> None:
+        flag.set()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            raise SystemExit(128 + signum)
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (a Ray Tune trial): Ray ends its workers itself
+        return None
+    return previous

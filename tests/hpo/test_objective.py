@@ -1,0 +1,276 @@
+"""The user's own code as the objective, with local trial processes: a command read through its
+output, the trial API, a Python function; what a pruned, failing or silent command leaves behind.
+
+The scripts here are small and use the standard library only (seconds per trial); the tests on the
+Slurm cluster, PostgreSQL and Ray, with the real example script, are in test_objective_cluster.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpo.config.command import TemplateError, placeholders, render
+from tests.hpo.conftest import load_trials, run_hpo, write_study
+
+# Reports "epoch N score X*N" each 0.3 s for 4 epochs; leaves a helper process running in its
+# process group (the kind of child a DataLoader or a launcher script starts); records its argv.
+SCRIPT = r"""
+import argparse, json, subprocess, sys, time
+parser = argparse.ArgumentParser()
+parser.add_argument("--x", type=float)
+parser.add_argument("--tag")
+parser.add_argument("--out")
+args = parser.parse_args()
+with open(args.out, "w") as f:
+    json.dump(sys.argv[1:], f)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "helper-" + args.tag.split()[0]])
+if args.tag.startswith("fail"):
+    print("loading data", flush=True)
+    sys.exit("boom: the data folder is empty")
+if args.tag.startswith("silent"):
+    print("training without a metric line", flush=True)
+    sys.exit(0)
+for epoch in range(1, 5):
+    time.sleep(0.3)
+    print(f"epoch {epoch} score {args.x * epoch:.4f}", flush=True)
+"""
+
+
+def _processes_with(marker: str) -> list[str]:
+    """Command lines of the running processes that contain ``marker`` (the process table)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline and str(os.getpid()) != entry.name:
+            found.append(cmdline)
+    return found
+
+
+def _own_study(tmp_path: Path, name: str, objective: dict[str, Any], **study: Any) -> dict[str, Any]:
+    return {
+        "study": {
+            "name": name,
+            "workdir": str(tmp_path / "work"),
+            "metric": "score",
+            "direction": "maximize",
+            "sampler": {"name": "random", "seed": 0},
+            # Deterministic: a trial whose first report is below 0.5 is pruned there.
+            "pruner": {"name": "threshold", "options": {"lower": 0.5}},
+            "max_retries": 0,
+            **study,
+        },
+        "search_space": {"x": {"type": "float", "low": 0.01, "high": 2.0}},
+        "objective": {"steps": 4, **objective},
+        "resources": {"executor": "local", "time": "5m"},
+    }
+
+
+def test_placeholders_fill_argv_elements_and_refuse_anything_else() -> None:
+    assert placeholders("--lr={lr}") == ["lr"]
+    assert placeholders("{{literal}} {a}{b}") == ["a", "b"]
+    assert render(["--lr={lr}", "{{x}}", "{flag}"], {"lr": 0.5, "flag": True}) == ["--lr=0.5", "{x}", "true"]
+    for bad in ("{lr", "lr}", "{lr:.3f}", "{a.b}", "{0}", "{}"):
+        with pytest.raises(TemplateError):
+            placeholders(bad)
+
+
+def test_a_command_is_tuned_through_its_output_and_a_pruned_trial_leaves_no_process(tmp_path: Path) -> None:
+    marker = f"hpo-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "train.py").write_text(SCRIPT)
+    injected = f"$(touch {tmp_path}/pwned); touch {tmp_path}/pwned2 `touch {tmp_path}/pwned3`"
+    document = _own_study(
+        tmp_path,
+        "own-command",
+        {
+            "command": [
+                "{python}",
+                "train.py",
+                "--x",
+                "{x}",
+                "--tag",
+                "{tag}",
+                "--out",
+                "{trial_dir}/argv.json",
+            ],
+            "metric_pattern": r"^epoch (?P<step>\d+) score (?P<value>[0-9.]+)$",
+        },
+        n_trials=4,
+        max_concurrent=2,
+        enqueue=[
+            {"x": 1.0, "tag": f"{marker} ok"},
+            {"x": 0.1, "tag": f"{marker} {injected}"},  # pruned at epoch 1 (0.1 < 0.5)
+            {"x": 1.0, "tag": f"fail-{marker}"},
+            {"x": 1.0, "tag": f"silent-{marker}"},
+        ],
+    )
+    document["search_space"]["tag"] = {
+        "type": "categorical",
+        "choices": [f"{marker} ok", f"{marker} {injected}", f"fail-{marker}", f"silent-{marker}"],
+    }
+    study_file = write_study(tmp_path / "study.yaml", document)
+
+    proc = run_hpo("launch", str(study_file), timeout=300)
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    trials = load_trials(document)
+    assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED", "FAIL", "FAIL"], proc.stdout
+    complete, pruned, failed, silent = trials
+    assert complete.value == pytest.approx(4.0) and complete.intermediate_values == {
+        1: 1.0,
+        2: 2.0,
+        3: 3.0,
+        4: 4.0,
+    }
+    assert pruned.intermediate_values == {1: 0.1}
+    assert (
+        failed.user_attrs["fail_reason"] == "the command exited with status 1: boom: the data folder is empty"
+    )
+    assert silent.user_attrs["fail_reason"] == (
+        "no metric reported; last output line: 'training without a metric line'"
+    )
+    # The injected value reached the script as one argv element, and ran nothing.
+    [argv_file] = (tmp_path / "work" / "trials").glob("own-command-*/1/argv.json")
+    argv = json.loads(argv_file.read_text())
+    assert argv == ["--x", "0.1", "--tag", f"{marker} {injected}", "--out", argv[-1]]
+    assert not list(tmp_path.glob("pwned*"))
+    # Neither the pruned command nor any helper its trials started is left running.
+    assert _processes_with(marker) == []
+    best = run_hpo("best", str(study_file))
+    assert best.returncode == 0, best.stderr
+    assert f"run it (in {tmp_path};" in best.stdout
+    command = best.stdout.splitlines()[-1].strip()
+    assert "--x 1.0 --tag" in command and "train.py" in command, best.stdout
+
+
+TRIAL_API_SCRIPT = r"""
+import os, sys, time
+from hpo import trial
+params = trial.params({"x": 0.7})
+folder = trial.checkpoint_dir("alone-checkpoints")
+assert str(folder) == os.environ.get("HPO_CHECKPOINT_DIR", "alone-checkpoints"), folder
+start = int((folder / "epoch").read_text()) if (folder / "epoch").exists() else 0
+for epoch in range(start + 1, 5):
+    time.sleep(0.2)
+    (folder / "epoch").write_text(str(epoch))
+    if trial.report(epoch, params["x"] * epoch):
+        print(f"stopped by the study after epoch {epoch}", flush=True)
+        break
+    print(f"epoch {epoch} done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["per-trial", "workers"])
+def test_a_script_reports_through_the_trial_api_and_stops_itself_when_pruned(
+    tmp_path: Path, mode: str
+) -> None:
+    (tmp_path / "train.py").write_text(TRIAL_API_SCRIPT)
+    document = _own_study(
+        tmp_path,
+        f"own-api-{mode}",
+        {"command": ["{python}", "train.py"]},
+        n_trials=2,
+        max_concurrent=1,
+        enqueue=[{"x": 1.0}, {"x": 0.1}],
+    )
+    study_file = write_study(tmp_path / "study.yaml", document)
+
+    proc = run_hpo("launch", str(study_file), *(["--workers", "1"] if mode == "workers" else []), timeout=300)
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr.count("warning:") == 0, proc.stderr  # parameters read through hpo.trial
+    complete, pruned = load_trials(document)
+    assert complete.state.name == "COMPLETE" and complete.value == pytest.approx(4.0)
+    assert pruned.state.name == "PRUNED" and pruned.intermediate_values == {1: 0.1}
+    # It stopped itself: its checkpoint holds the epoch it was pruned at, and no later one.
+    [epoch_file] = (tmp_path / "work" / "trials").glob(f"own-api-{mode}-*/1/checkpoint/epoch")
+    assert epoch_file.read_text() == "1"
+
+    # Run by hand, outside the service, the same script runs on its defaults.
+    alone = subprocess.run(
+        [sys.executable, "train.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("HPO_")},
+    )
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout.splitlines()[-1] == "epoch 4 done"
+    assert (tmp_path / "alone-checkpoints" / "epoch").read_text() == "4"
+
+
+FUNCTION_MODULE = r"""
+def objective(params, trial):
+    for step in range(1, 5):
+        if trial.report(step, params["x"] * step):
+            return None
+    return params["x"] * 4 + 0.5  # a final value that is not the last report
+"""
+
+
+def test_a_python_function_is_the_objective(tmp_path: Path) -> None:
+    (tmp_path / "my_objective.py").write_text(FUNCTION_MODULE)
+    document = _own_study(
+        tmp_path,
+        "own-function",
+        {"function": "my_objective:objective"},
+        n_trials=2,
+        max_concurrent=1,
+        enqueue=[{"x": 1.0}, {"x": 0.1}],
+    )
+    study_file = write_study(tmp_path / "study.yaml", document)
+
+    proc = run_hpo("launch", str(study_file), timeout=300)
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    complete, pruned = load_trials(document)
+    assert complete.state.name == "COMPLETE" and complete.value == pytest.approx(4.5)
+    assert complete.intermediate_values == {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}
+    assert pruned.state.name == "PRUNED" and pruned.intermediate_values == {1: 0.1}
+    best = run_hpo("best", str(study_file))
+    assert "call it: my_objective:objective({'x': 1.0}, trial)" in best.stdout, best.stdout
+
+
+def test_the_same_study_file_on_two_storages_keeps_their_trials_folders_apart(tmp_path: Path) -> None:
+    """Trial 0 of the study on a second storage must not resume from the finished checkpoint of
+    trial 0 on the first (the same workdir, the same trial numbers)."""
+    (tmp_path / "train.py").write_text(TRIAL_API_SCRIPT)
+    document = _own_study(
+        tmp_path, "own-two-storages", {"command": ["{python}", "train.py"]}, n_trials=1, enqueue=[{"x": 1.0}]
+    )
+    study_file = write_study(tmp_path / "study.yaml", document)
+    first = run_hpo("launch", str(study_file), timeout=300)
+    other = f"journal:{tmp_path}/other.journal"
+    second = run_hpo("launch", str(study_file), "--storage", other, timeout=300)
+
+    assert first.returncode == 0 and second.returncode == 0, first.stdout + second.stdout
+    for storage in (None, other.removeprefix("journal:")):
+        [trial] = load_trials(document) if storage is None else _journal_trials(document, storage)
+        assert trial.state.name == "COMPLETE" and trial.intermediate_values == {
+            1: 1.0,
+            2: 2.0,
+            3: 3.0,
+            4: 4.0,
+        }
+    assert len(list((tmp_path / "work" / "trials").glob("own-two-storages-*/0/checkpoint/epoch"))) == 2
+
+
+def _journal_trials(document: dict[str, Any], path: str) -> list[Any]:
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(path))
+    return optuna.load_study(study_name=document["study"]["name"], storage=storage).get_trials()
