@@ -23,14 +23,14 @@ from tests.hpo.conftest import load_trials, run_hpo, write_study
 # Reports "epoch N score X*N" each 0.3 s for 4 epochs; leaves a helper process running in its
 # process group (the kind of child a DataLoader or a launcher script starts); records its argv.
 SCRIPT = r"""
-import argparse, json, subprocess, sys, time
+import argparse, json, os, subprocess, sys, time
 parser = argparse.ArgumentParser()
 parser.add_argument("--x", type=float)
 parser.add_argument("--tag")
 parser.add_argument("--out")
 args = parser.parse_args()
 with open(args.out, "w") as f:
-    json.dump(sys.argv[1:], f)
+    json.dump({"argv": sys.argv[1:], "cwd": os.getcwd(), "setting": os.environ.get("EXAMPLE_SETTING")}, f)
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "helper-" + args.tag.split()[0]])
 if args.tag.startswith("fail"):
     print("loading data", flush=True)
@@ -87,7 +87,9 @@ def test_placeholders_fill_argv_elements_and_refuse_anything_else() -> None:
             placeholders(bad)
 
 
-def test_a_command_is_tuned_through_its_output_and_a_pruned_trial_leaves_no_process(tmp_path: Path) -> None:
+def test_a_command_is_tuned_through_its_output_and_a_pruned_trial_leaves_no_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     marker = f"hpo-{uuid.uuid4().hex[:8]}"
     (tmp_path / "train.py").write_text(SCRIPT)
     injected = f"$(touch {tmp_path}/pwned); touch {tmp_path}/pwned2 `touch {tmp_path}/pwned3`"
@@ -106,6 +108,7 @@ def test_a_command_is_tuned_through_its_output_and_a_pruned_trial_leaves_no_proc
                 "{trial_dir}/argv.json",
             ],
             "metric_pattern": r"^epoch (?P<step>\d+) score (?P<value>[0-9.]+)$",
+            "env": {"EXAMPLE_SETTING": "${HPO_TEST_SETTING}"},
         },
         n_trials=4,
         max_concurrent=2,
@@ -122,6 +125,7 @@ def test_a_command_is_tuned_through_its_output_and_a_pruned_trial_leaves_no_proc
     }
     study_file = write_study(tmp_path / "study.yaml", document)
 
+    monkeypatch.setenv("HPO_TEST_SETTING", "from the launcher's environment")  # the views read it too
     proc = run_hpo("launch", str(study_file), timeout=300)
 
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -143,8 +147,10 @@ def test_a_command_is_tuned_through_its_output_and_a_pruned_trial_leaves_no_proc
     )
     # The injected value reached the script as one argv element, and ran nothing.
     [argv_file] = (tmp_path / "work" / "trials").glob("own-command-*/1/argv.json")
-    argv = json.loads(argv_file.read_text())
-    assert argv == ["--x", "0.1", "--tag", f"{marker} {injected}", "--out", argv[-1]]
+    seen = json.loads(argv_file.read_text())
+    assert seen["argv"] == ["--x", "0.1", "--tag", f"{marker} {injected}", "--out", str(argv_file)]
+    # It ran in the study file's folder, with objective.env (its ${VAR} read at launch).
+    assert seen["cwd"] == str(tmp_path) and seen["setting"] == "from the launcher's environment"
     assert not list(tmp_path.glob("pwned*"))
     # Neither the pruned command nor any helper its trials started is left running.
     assert _processes_with(marker) == []
@@ -153,6 +159,13 @@ def test_a_command_is_tuned_through_its_output_and_a_pruned_trial_leaves_no_proc
     assert f"run it (in {tmp_path};" in best.stdout
     command = best.stdout.splitlines()[-1].strip()
     assert "--x 1.0 --tag" in command and "train.py" in command, best.stdout
+    # The views read it as they read the trainer's trials.
+    status = run_hpo("status", str(study_file))
+    assert status.returncode == 0 and "boom: the data folder is empty" in status.stdout, status.stdout
+    report = run_hpo("report", str(study_file), "--out", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stderr
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["metric"] == "score" and summary["best"]["command"] == command, summary["best"]
 
 
 TRIAL_API_SCRIPT = r"""

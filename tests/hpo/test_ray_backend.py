@@ -272,3 +272,33 @@ def test_a_ddp_trial_that_tune_stops_frees_its_ray_train_workers_for_the_next_tr
     good, bad = load_trials(document)
     assert (good.state.name, sorted(good.intermediate_values)) == ("COMPLETE", [1, 2])
     assert (bad.state.name, sorted(bad.intermediate_values)) == ("PRUNED", [1])
+
+
+def test_a_python_function_objective_runs_on_the_local_ray_backend(tmp_path: Path) -> None:
+    """The user's own function as the objective of Ray Tune trials: its reports reach Tune's
+    scheduler and the Optuna storage, as the trainer's epochs do."""
+    (tmp_path / "my_objective.py").write_text(
+        "def objective(params, trial):\n"
+        "    for step in range(1, 5):\n"
+        "        if trial.report(step, params['x'] * step):\n"
+        "            return None\n"
+        "    return params['x'] * 4\n"
+    )
+    document = {
+        "study": {"name": "ray-function", "workdir": str(tmp_path / "work"), "backend": "ray",
+                  "metric": "score", "direction": "maximize", "n_trials": 3, "max_concurrent": 1,
+                  "pruner": {"name": "none"}, "enqueue": [{"x": 1.0}, {"x": 0.5}]},
+        "search_space": {"x": {"type": "float", "low": 0.1, "high": 2.0}},
+        "objective": {"function": "my_objective:objective", "steps": 4},
+    }  # fmt: skip
+    study_file = write_study(tmp_path / "study.yaml", document)
+
+    proc = run_hpo("launch", str(study_file))
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    trials = load_trials(document)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3, proc.stdout
+    for trial in trials:
+        assert trial.user_attrs["executor"] == "ray"
+        assert trial.intermediate_values == {s: pytest.approx(trial.params["x"] * s) for s in range(1, 5)}
+        assert trial.value == pytest.approx(trial.params["x"] * 4)
