@@ -91,6 +91,7 @@ def main() -> None:
             print(f"rank {rank}: stopped by the study after epoch {epoch}", flush=True)
             break
     if world_size > 1:
+        dist.barrier()  # no rank tears the group down while another still uses it
         dist.destroy_process_group()
 
 

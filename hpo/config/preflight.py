@@ -186,7 +186,7 @@ def check_objective(spec: StudySpec) -> None:
     program = command[index]
     if placeholders(program) or ("/" not in program and not (index and program.endswith(".py"))):
         return  # a name looked up on the compute node's PATH (after resources.setup), or filled per trial
-    path = Path(spec.objective_cwd) / Path(program).expanduser()
+    path = Path(spec.objective_cwd) / program  # no ~ expansion: the command runs without a shell
     if not path.is_file():
         raise StudyFileError(f"{where}.command[{index}]: {program} not found (in {spec.objective_cwd})")
     if index == 0 and not os.access(path, os.X_OK):

@@ -72,6 +72,8 @@ _SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9-]*$")
 _VARIABLE = r"^\$\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\}$"
 # A parameter or metric of the user's own objective: a placeholder name, a Tune result key.
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What the service sets for each rank of a trial's command (torchrun's names).
+_RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
 # The names loading.py (and the tests) know these by.
@@ -437,9 +439,14 @@ class ObjectiveSection:
                 if "\0" in element:
                     raise _KeyProblem(key, "contains a NUL character")
                 try:
-                    placeholders(element)
+                    names = placeholders(element)
                 except TemplateError as err:
                     raise _KeyProblem(key, f"{err}: {element!r}") from None
+                if index == 0 and names and element != "{python}":
+                    # A parameter value (read back from a shared database) must never pick the program.
+                    raise _KeyProblem(
+                        key, f"the program may be {{python}} or a fixed name or path, got {element!r}"
+                    )
         else:
             for key in ("metric_pattern", "final_pattern"):
                 if getattr(self, key) is not None:
@@ -465,6 +472,8 @@ class ObjectiveSection:
         for name, value in self.env.items():
             if not _NAME.fullmatch(name):
                 raise _KeyProblem(f"env.{name}", "must be an environment variable name")
+            if name.startswith("HPO_") or name in _RANK_VARIABLES:
+                raise _KeyProblem(f"env.{name}", "is set by the service for each trial and rank")
             _single_line(f"env.{name}", value)
         if self.cwd is not None:
             _single_line("cwd", self.cwd)

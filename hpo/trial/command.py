@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import queue
 import re
@@ -38,11 +39,21 @@ from trainer.reporting import Decision
 if TYPE_CHECKING:
     from hpo.config import StudySpec
 
+MAX_LINE = 64 * 1024
+"""Bytes of one output line that are read at once (a longer one is read in pieces)."""
+
 STOP_FILE = "stop"
 """Left in the trial's folder by rank 0 when the trial is pruned: the other ranks stop too."""
 
 WAIT_FOR_SLURM_KILL_S = 300.0
 """How long a job whose command Slurm terminated waits for its own end (requeue or cancel)."""
+
+WAIT_FOR_OWN_SIGNAL_S = 30.0
+"""How long a rank whose command died of a signal it did not send waits for Slurm's SIGTERM to
+reach it too (Slurm signals the step's processes one after another), before calling it a failure."""
+
+DRAIN_S = 5.0
+"""After the command ends, how long its output may still take to arrive."""
 
 
 @dataclasses.dataclass
@@ -126,6 +137,8 @@ class _Command:
                 pass_fds=(theirs.fileno(),) if theirs is not None else (),
             )
         except OSError as err:
+            if self._ours is not None:
+                self._ours.close()
             raise ObjectiveFailed(f"cannot run {argv[0]!r} in {cwd}: {err.strerror or err}") from None
         finally:
             if theirs is not None:
@@ -158,10 +171,13 @@ class _Command:
         objective = spec.objective
         pattern = re.compile(objective.metric_pattern) if objective.metric_pattern else None
         final_pattern = re.compile(objective.final_pattern) if objective.final_pattern else None
+        # Steps counted by matches go on from the trial's stored curve after a requeue.
+        stored_steps = int(getattr(reporter, "last_epoch", 0) or 0)
         reports = 0
         last: float | None = None
         final: float | None = None
         stop_asked_at: float | None = None
+        ended_at: float | None = None
         while True:
             try:
                 kind, payload = self.events.get(timeout=0.5)
@@ -172,8 +188,8 @@ class _Command:
                     final = _number(found.group("value"))
                 if pattern and (found := pattern.search(payload)):
                     value = _number(found.group("value"))
-                    step = int(found.group("step")) if "step" in found.groupdict() else reports + 1
-                    if value is not None and stop_asked_at is None:
+                    step = _step(found, stored_steps + reports + 1)
+                    if value is not None and step is not None and stop_asked_at is None:
                         reports, last = reports + 1, value
                         if _decide(reporter, spec, step, value) == Decision.STOP:
                             stop_file.touch()
@@ -181,6 +197,10 @@ class _Command:
                             return ObjectiveResult(value=value, pruned=True)
             elif kind == "report" and reporter is not None:
                 step, value = payload
+                if stop_asked_at is not None or value is None:
+                    # Told to stop already (its later reports change nothing), or not a number.
+                    self._reply(client.STOP if stop_asked_at is not None else client.CONTINUE)
+                    continue
                 reports, last = reports + 1, value
                 stop = _decide(reporter, spec, step, value) == Decision.STOP
                 self._reply(client.STOP if stop else client.CONTINUE)
@@ -192,26 +212,35 @@ class _Command:
             if reporter is None and stop_file.exists():
                 self.stop(objective.stop_grace_s)
                 return ObjectiveResult(value=float("nan"), pruned=True)
-            if self.process.poll() is not None and self.events.empty():
-                if not self._reading():
+            if self.process.poll() is not None:
+                if ended_at is None:
+                    ended_at = time.monotonic()
+                    # Whatever it started that still holds its output open ends with it.
+                    _signal_group(self.process.pid, signal.SIGKILL)
+                # Readers first, then the queue: a line queued as its reader ends is not lost.
+                reading = self._reading()
+                if not reading and self.events.empty():
                     break
-                # Whatever it started that still holds its output open ends with it.
-                _signal_group(self.process.pid, signal.SIGKILL)
-                for thread in self._threads[:2]:
-                    thread.join(timeout=5.0)
+                if reading and time.monotonic() - ended_at > DRAIN_S:
+                    break  # held open outside its process group (a daemon it started): stop reading
         returncode = self.process.wait()
         if stop_asked_at is not None:
             return ObjectiveResult(value=last if last is not None else float("nan"), pruned=True)
         if reporter is None and stop_file.exists():
             return ObjectiveResult(value=float("nan"), pruned=True)
-        if returncode < 0:
-            self._signalled(-returncode)
+        if returncode < 0 or self._terminated.is_set():
+            # Even a command that exits 0 on Slurm's SIGTERM has not finished its run.
+            self._signalled(-returncode if returncode < 0 else signal.SIGTERM)
         if returncode != 0:
             line = self.last_line["stderr"] or self.last_line["stdout"]
             raise ObjectiveFailed(f"the command exited with status {returncode}: {line}".rstrip(": "))
         value = final if final is not None else last
         if reporter is None:
             return ObjectiveResult(value=float("nan"), pruned=False)
+        if value is None and reports == 0:
+            # A run resumed from a checkpoint of its last step (a requeue, or a retry given its
+            # failed trial's checkpoint and curve) has nothing left to report: its curve stands.
+            value = getattr(reporter, "last_value", None)
         if value is None:
             raise ObjectiveFailed(f"no metric reported; last output line: {self.last_line['stdout']!r}")
         return ObjectiveResult(value=value, pruned=False)
@@ -219,7 +248,7 @@ class _Command:
     def _signalled(self, signum: int) -> None:
         """The command died of a signal this process did not send."""
         name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
-        if self._terminated.is_set():
+        if self._terminated.wait(WAIT_FOR_OWN_SIGNAL_S):
             # Slurm is ending the job (scancel, scontrol requeue, preemption): the trial stays
             # RUNNING for the requeued job, or for the launcher to fail from Slurm's state.
             print(f"the command ended by {name} with its job; waiting for Slurm to end this job", flush=True)
@@ -243,12 +272,15 @@ class _Command:
         return any(thread.is_alive() for thread in self._threads[:2])
 
     def _read_lines(self, kind: str, stream: IO[bytes], echo: IO[str]) -> None:
-        for raw in stream:
+        # Bounded lines: a progress bar that never ends its line must not grow without limit.
+        while raw := stream.readline(MAX_LINE):
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            print(line, file=echo, flush=True)  # the job's log keeps the command's output
-            if line.strip():
-                self.last_line[kind] = line.strip()[:500]
-            self.events.put((kind, line))
+            with contextlib.suppress(OSError, ValueError):  # a full disk under the job log
+                print(line, file=echo, flush=True)  # the job's log keeps the command's output
+            for part in line.split("\r"):  # \r-separated progress updates: each its own line
+                if part.strip():
+                    self.last_line[kind] = part.strip()[:500]
+                self.events.put((kind, part))
 
     def _read_reports(self) -> None:
         assert self._ours is not None
@@ -256,11 +288,13 @@ class _Command:
             for line in lines:
                 try:
                     message = json.loads(line)
-                    self.events.put(("report", (int(message["step"]), float(message["value"]))))
+                    step, value = int(message["step"]), float(message["value"])
+                    self.events.put(("report", (step, value if math.isfinite(value) else None)))
                 except (ValueError, KeyError, TypeError):
                     print(
                         f"hpo.trial: ignored a malformed report {line.strip()!r}", file=sys.stderr, flush=True
                     )
+                    self.events.put(("report", (0, None)))  # its sender waits for an answer
 
     def _reply(self, word: str) -> None:
         assert self._ours is not None
@@ -278,9 +312,20 @@ def _decide(reporter: StepReporter, spec: StudySpec, step: int, value: float) ->
     return Decision.STOP if decision == Decision.STOP else Decision.CONTINUE
 
 
-def _number(text: str) -> float | None:
+def _number(text: str | None) -> float | None:
     try:
-        return float(text)
+        value = float(text or "")
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _step(found: re.Match[str], counted: int) -> int | None:
+    """The step a metric line names, or the count of reports (stored ones included)."""
+    if "step" not in found.groupdict():
+        return counted
+    try:
+        return int(found.group("step") or "")
     except ValueError:
         return None
 

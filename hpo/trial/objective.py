@@ -162,6 +162,8 @@ class FunctionObjective:
                     os.environ[name] = old
         if stopped:
             return ObjectiveResult(value=stopped[-1], pruned=True)
+        if reporter is None:  # another rank of a DDP trial: rank 0's value counts
+            return ObjectiveResult(value=float("nan"), pruned=False)
         if value is None and not last:
             raise ObjectiveFailed(f"{spec.objective.function} returned None and reported nothing")
         try:

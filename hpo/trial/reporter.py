@@ -33,8 +33,11 @@ class OptunaReporter:
         self.curve: dict[str, float] = (
             dict(trial.user_attrs.get(record.ATTR_CURVE, {})) if multi_objective else {}
         )
-        self.last_epoch = max(record.curve(record.read_trial(trial.study, record.trial_id(trial))), default=0)
+        stored = record.curve(record.read_trial(trial.study, record.trial_id(trial)))
+        self.last_epoch = max(stored, default=0)
         """The last epoch stored for the trial, by this run or an earlier one."""
+        self.last_value: float | None = stored[self.last_epoch] if stored else None
+        """The metric at that epoch."""
         self.abort = ""
         """Set (to the reason) when the trial must end at its next report: a signal handler's
         exception can be swallowed by the code it interrupts (an import's broad except)."""
@@ -45,6 +48,8 @@ class OptunaReporter:
         if self.abort:
             raise TrialAborted(self.abort)
         value = float(getattr(metrics, self.metric))
+        if metrics.epoch >= self.last_epoch:
+            self.last_value = value
         self.last_epoch = max(self.last_epoch, metrics.epoch)
         if self.multi_objective:
             earlier = {k: v for k, v in self.curve.items() if int(k) < metrics.epoch}

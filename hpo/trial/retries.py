@@ -10,12 +10,12 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
+import optuna
+
 from hpo import record
 from hpo.paths import checkpoint_dir, private_dir
 
 if TYPE_CHECKING:
-    import optuna
-
     from hpo.config import StudySpec
 
 
@@ -30,6 +30,12 @@ def inherit_checkpoint(spec: StudySpec, trial: optuna.Trial | optuna.trial.Froze
         return None
     private_dir(target.parent)
     shutil.copytree(source, target)
+    if spec.objective is not None and not spec.study.also_minimize and isinstance(trial, optuna.Trial):
+        # The user's script resumes after the checkpoint's step and reports only what follows:
+        # the retry takes the curve up to it (one resumed at its last step reports nothing).
+        [earlier] = [t for t in trial.study.get_trials(deepcopy=False) if t.number == int(failed)]
+        for step, value in sorted(record.curve(earlier).items()):
+            trial.report(value, step)
     return int(failed)
 
 

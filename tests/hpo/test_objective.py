@@ -287,3 +287,32 @@ def _journal_trials(document: dict[str, Any], path: str) -> list[Any]:
 
     storage = optuna.storages.JournalStorage(JournalFileBackend(path))
     return optuna.load_study(study_name=document["study"]["name"], storage=storage).get_trials()
+
+
+def test_a_retry_resumed_at_its_last_step_keeps_the_failed_trials_curve(tmp_path: Path) -> None:
+    """A run that crashes after its last checkpoint is retried from it: the retry has nothing left
+    to report, and takes the failed trial's curve and last value instead of failing again."""
+    crash_once = tmp_path / "crashed-once"
+    (tmp_path / "train.py").write_text(
+        TRIAL_API_SCRIPT
+        + f"from pathlib import Path\nif not Path({str(crash_once)!r}).exists():\n"
+        + f"    Path({str(crash_once)!r}).touch()\n    sys.exit('crashed while saving its results')\n"
+    )
+    document = _own_study(
+        tmp_path,
+        "own-retry",
+        {"command": ["{python}", "train.py"]},
+        n_trials=1,
+        max_retries=1,
+        enqueue=[{"x": 1.0}],
+    )
+    proc = run_hpo("launch", str(write_study(tmp_path / "study.yaml", document)), timeout=300)
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    failed, retry = load_trials(document)
+    assert failed.state.name == "FAIL" and failed.user_attrs["fail_reason"].endswith(
+        "crashed while saving its results"
+    )
+    assert retry.user_attrs["retry_of"] == 0 and retry.state.name == "COMPLETE", retry.user_attrs
+    assert retry.intermediate_values == failed.intermediate_values == {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}
+    assert retry.value == 4.0

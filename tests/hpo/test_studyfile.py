@@ -250,6 +250,9 @@ CORPUS = [
     pytest.param(Own(("study.pruner.name", "built-in trainer only"), {"study.backend": "ray", "study.pruner": {"name": "pbt"}}), id="own-pbt"),
     pytest.param(Own(("resources.tasks_per_node", "use backend optuna for DDP"), {"study.backend": "ray", "resources.tasks_per_node": 2}), id="own-ray-ddp"),
     pytest.param(Own(("objective.steps", "must be >= 1"), {"objective.steps": 0}), id="own-steps-0"),
+    pytest.param(Own(("objective.command[0]", "the program may be {python}"), {"objective.command": ["{batch_size}", *COMMAND[1:]]}), id="own-program-from-a-parameter"),
+    pytest.param(Own(("objective.env.HPO_TRIAL_NUMBER", "set by the service"), {"objective.env": {"HPO_TRIAL_NUMBER": "3"}}), id="own-env-reserved"),
+    pytest.param(Own(("objective.env.MASTER_PORT", "set by the service"), {"objective.env": {"MASTER_PORT": "1234"}}), id="own-env-rank-variable"),
 ]  # fmt: skip
 
 
