@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -126,7 +127,11 @@ class _SocketChannel:
 def from_environment() -> Trial:
     """The trial the service started this process for, or a stand-alone one."""
     number = os.environ.get(ENV_NUMBER)
-    fd = os.environ.get(ENV_FD)
+    # Adopted once, by this process: a process it starts (a launcher's workers) must not take the
+    # same number for its own, possibly another file's, descriptor.
+    fd = os.environ.pop(ENV_FD, None)
+    if fd is not None and not _is_socket(fd):
+        fd = None
     return Trial(
         key=os.environ.get(ENV_KEY),
         number=int(number) if number else None,
@@ -134,6 +139,13 @@ def from_environment() -> Trial:
         checkpoint_dir=os.environ.get(ENV_CHECKPOINT_DIR) or None,
         ask=_SocketChannel(int(fd)) if fd else None,
     )
+
+
+def _is_socket(fd: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.fstat(int(fd)).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 _current: Trial | None = None

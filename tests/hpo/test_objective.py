@@ -316,3 +316,21 @@ def test_a_retry_resumed_at_its_last_step_keeps_the_failed_trials_curve(tmp_path
     assert retry.user_attrs["retry_of"] == 0 and retry.state.name == "COMPLETE", retry.user_attrs
     assert retry.intermediate_values == failed.intermediate_values == {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}
     assert retry.value == 4.0
+
+
+def test_the_trial_api_never_writes_a_report_into_a_descriptor_that_is_not_its_socket(tmp_path: Path) -> None:
+    """A process started by the script (a launcher's worker) sees HPO_TRIAL_FD without the socket:
+    the number may be another file's. The API adopts only a socket, and takes the variable away."""
+    victim = tmp_path / "checkpoint.pt"
+    victim.write_bytes(b"weights")
+    code = (
+        "import os, sys\n"
+        f"fd = os.open({str(victim)!r}, os.O_RDWR)\n"
+        "os.environ.update(HPO_TRIAL_FD=str(fd), HPO_TRIAL_KEY='3', HPO_TRIAL_NUMBER='3')\n"
+        "from hpo import trial\n"
+        "print(trial.report(1, 0.5), trial.number(), 'HPO_TRIAL_FD' in os.environ)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "3", "False"]
+    assert victim.read_bytes() == b"weights"
