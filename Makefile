@@ -31,10 +31,10 @@ cluster:
 cluster-down:
 	bash deploy/local-cluster/down.sh
 
-# Two pytest workers: one runs every test of the shared Slurm cluster and PostgreSQL in turn (they
-# inject faults into them), the other the tests that share nothing with those (tests/conftest.py).
+# Two pytest workers that take tests as they free up; a test that injects a fault into the shared
+# cluster waits until it has the cluster to itself (a lock in tests/conftest.py).
 test: lint cluster
-	$(VENV)/bin/pytest -n 2 --dist loadgroup
+	$(VENV)/bin/pytest -n 2 --dist worksteal
 
 # The main job on the embedded default: a 10-trial study of a narrow ResNet on the real
 # Fashion-MNIST, trials as local processes, the study in runs/quickstart/; ends with the best trial.

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,14 +65,38 @@ def run_trainer_cli(
     )
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Two groups for `pytest -n 2 --dist loadgroup` (the test command): the tests of the shared
-    local Slurm cluster and PostgreSQL run one after another on one worker, since they inject
-    faults into them (a lost node, a killed slurmd) that a test running beside would suffer; the
-    tests that share nothing with those run on the other worker. Without -n the marks do nothing."""
-    for item in items:
-        shared = "local_cluster" in item.fixturenames or item.get_closest_marker("shares_host") is not None
-        if item.get_closest_marker("isolated") is not None:
-            shared = False
-        item.add_marker(pytest.mark.xdist_group("shared-cluster" if shared else "beside"))
+# A fair reader-writer lock between the pytest workers (`pytest -n 2`, the test command). Every
+# test of the shared local Slurm cluster and PostgreSQL holds it shared; a test that injects a fault
+# into them (a lost node) holds it alone, so no test beside it suffers the fault. A test marked
+# `isolated` (its own PostgreSQL, the isolated partition's node) takes no part. Tests that start
+# Ray on this host's fixed ports take a second lock alone: one at a time.
+LOCKS = Path(tempfile.gettempdir()) / "hpo-test-locks"
+
+
+@contextlib.contextmanager
+def shared_lock(name: str, mode: int) -> Iterator[None]:
+    """flock `name` in `mode`, entered through a turnstile so that a writer waiting for readers to
+    leave is not overtaken by new readers."""
+    LOCKS.mkdir(exist_ok=True)
+    with open(LOCKS / f"{name}.turnstile", "a") as turnstile, open(LOCKS / f"{name}.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, mode)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _turn_on_shared_resources(request: pytest.FixtureRequest) -> Iterator[None]:
+    test = request.node
+    with contextlib.ExitStack() as held:
+        if "local_cluster" in request.fixturenames and test.get_closest_marker("isolated") is None:
+            alone = test.get_closest_marker("injects_fault") is not None
+            held.enter_context(shared_lock("cluster", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
+        if test.get_closest_marker("ray_ports") is not None:
+            held.enter_context(shared_lock("ray", fcntl.LOCK_EX))
+        yield

@@ -7,6 +7,7 @@ first). A test that needs it fails, never skips, when it cannot come up.
 from __future__ import annotations
 
 import copy
+import fcntl
 import os
 import shutil
 import subprocess
@@ -19,6 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.conftest import shared_lock
 
 REPO = Path(__file__).resolve().parents[2]
 HPO = str(Path(sys.executable).parent / "hpo")
@@ -97,10 +100,12 @@ def run_hpo(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str
 
 @pytest.fixture(scope="session")
 def local_cluster() -> str:
-    """Bring up (or find up) the two-node Slurm and PostgreSQL; return the database URL."""
-    proc = subprocess.run(
-        ["bash", str(REPO / "deploy/local-cluster/up.sh")], capture_output=True, text=True, timeout=900
-    )
+    """Bring up (or find up) the three-node Slurm and PostgreSQL; return the database URL."""
+    # Shared: up.sh would start again the slurmd that a fault test beside has just killed.
+    with shared_lock("cluster", fcntl.LOCK_SH):
+        proc = subprocess.run(
+            ["bash", str(REPO / "deploy/local-cluster/up.sh")], capture_output=True, text=True, timeout=900
+        )
     assert proc.returncode == 0, f"deploy/local-cluster/up.sh failed:\n{proc.stderr[-3000:]}"
     assert shutil.which("sbatch") and shutil.which("sacct")
     return proc.stdout.strip().splitlines()[-1]

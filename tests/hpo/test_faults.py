@@ -400,6 +400,7 @@ def power_on(node: str) -> None:
         time.sleep(2)
 
 
+@pytest.mark.injects_fault  # n1 or n2 goes down: a test beside would see its jobs fail NODE_FAIL
 def test_a_trial_on_a_lost_node_resumes_on_the_other_node(
     tmp_path: Path, fresh_database: str, fashion_mnist_root: str
 ) -> None:

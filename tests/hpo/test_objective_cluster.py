@@ -151,7 +151,7 @@ def test_a_trial_api_script_as_a_2_task_ddp_job_stops_every_rank_together_and_re
     assert _processes_with(str(tmp_path / "work" / "trials")) == []
 
 
-@pytest.mark.shares_host  # Ray's ports on this host: one Ray test at a time
+@pytest.mark.ray_ports  # one Ray test at a time
 def test_a_command_objective_runs_on_the_ray_backend_inside_one_slurm_job(
     tmp_path: Path, fresh_database: str, fashion_mnist_root: str
 ) -> None:

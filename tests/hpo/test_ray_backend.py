@@ -23,7 +23,7 @@ from tests.hpo.conftest import (
     write_study,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.shares_host]  # Ray on this host: one at a time
+pytestmark = [pytest.mark.slow, pytest.mark.ray_ports]
 
 
 def test_local_ray_backend_runs_a_study_with_asha_into_the_optuna_storage(
