@@ -33,7 +33,7 @@ from typing import IO, TYPE_CHECKING, Any
 from hpo.config.command import render
 from hpo.paths import checkpoint_dir, private_dir, trial_dir
 from hpo.trial import client
-from hpo.trial.objective import ObjectiveFailed, ObjectiveResult, StepReport, StepReporter
+from hpo.trial.objective import ObjectiveFailed, ObjectiveResult, StepReport, StepReporter, stop_at
 from trainer.reporting import Decision
 
 if TYPE_CHECKING:
@@ -303,7 +303,11 @@ class _Command:
 
 
 def _decide(reporter: StepReporter, spec: StudySpec, step: int, value: float) -> Decision:
-    decision = reporter.report(StepReport(epoch=step, values={spec.study.metric: value}))
+    decision = stop_at(
+        spec,
+        step,
+        reporter.report(StepReport(epoch=step, values={spec.study.metric: value})) or Decision.CONTINUE,
+    )
     # Rank 0's log says what reached the study (a DDP job's other ranks report nothing).
     print(
         f"hpo: report of step {step}: {spec.study.metric}={value:.6g} ({'stop' if decision == Decision.STOP else 'go on'})",

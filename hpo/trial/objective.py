@@ -32,6 +32,15 @@ class ObjectiveResult:
     attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+def stop_at(spec: StudySpec, step: int, decision: Decision) -> Decision:
+    """The pruner's decision after ``step``, except at a full run's last step: a stop there would
+    throw a finished run away as PRUNED, so the trial completes (as the trainer's last epoch
+    does). The last step is known when the study gives it (objective.steps above 1)."""
+    if decision == Decision.STOP and spec.max_steps > 1 and step >= spec.max_steps:
+        return Decision.CONTINUE
+    return decision
+
+
 class ObjectiveFailed(RuntimeError):
     """The user's objective failed; the message is the trial's fail reason (one line)."""
 
@@ -101,7 +110,11 @@ class TrainerObjective:
                     {
                         record.ATTR_EPOCH_TIME_S: round(
                             sum(m.epoch_time_s for m in result.history) / len(result.history), 3
-                        )
+                        ),
+                        record.ATTR_EPOCH_SECONDS: [
+                            [round(m.train_time_s, 3), round(m.epoch_time_s - m.train_time_s, 3)]
+                            for m in result.history
+                        ],
                     }
                     if result.history
                     else {}
@@ -136,7 +149,8 @@ class FunctionObjective:
         def ask(step: int, value: float) -> bool:
             assert reporter is not None
             last[:] = [value]
-            stop = reporter.report(StepReport(epoch=step, values={spec.study.metric: value})) == Decision.STOP
+            decision = reporter.report(StepReport(epoch=step, values={spec.study.metric: value}))
+            stop = stop_at(spec, step, decision or Decision.CONTINUE) == Decision.STOP
             if stop:
                 stopped.append(value)
             return stop

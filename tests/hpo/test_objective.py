@@ -257,6 +257,43 @@ def test_a_python_function_is_the_objective(tmp_path: Path) -> None:
     assert "call it: my_objective:objective({'x': 1.0}, trial)" in best.stdout, best.stdout
 
 
+@pytest.mark.parametrize("kind", ["command", "function"])
+def test_a_stop_at_a_full_runs_last_step_completes_the_trial(tmp_path: Path, kind: str) -> None:
+    """A pruner that says stop only once the run has reported its last step (objective.steps)
+    would throw a finished run away; the trial completes, as the trainer's last epoch does."""
+    (tmp_path / "my_objective.py").write_text(FUNCTION_MODULE)
+    (tmp_path / "script.py").write_text(SCRIPT)
+    objective = (
+        {"function": "my_objective:objective"}
+        if kind == "function"
+        else {
+            "command": [
+                "{python}",
+                "script.py",
+                "--x",
+                "{x}",
+                "--tag",
+                "last",
+                "--out",
+                str(tmp_path / "argv.json"),
+            ],
+            "metric_pattern": r"^epoch (?P<step>\d+) score (?P<value>[0-9.]+)",
+        }
+    )
+    document = _own_study(tmp_path, f"last-step-{kind}", objective, n_trials=1, enqueue=[{"x": 1.0}])
+    # Every report is under the threshold, but the pruner looks only from step 4, the last.
+    document["study"]["pruner"] = {"name": "threshold", "options": {"lower": 100.0, "n_warmup_steps": 4}}
+    study_file = write_study(tmp_path / "study.yaml", document)
+
+    proc = run_hpo("launch", str(study_file), timeout=300)
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [trial] = load_trials(document)
+    assert trial.state.name == "COMPLETE", proc.stdout
+    assert sorted(trial.intermediate_values) == [1, 2, 3, 4]
+    assert trial.value == pytest.approx(4.5 if kind == "function" else 4.0)
+
+
 def test_the_same_study_file_on_two_storages_keeps_their_trials_folders_apart(tmp_path: Path) -> None:
     """Trial 0 of the study on a second storage must not resume from the finished checkpoint of
     trial 0 on the first (the same workdir, the same trial numbers)."""
