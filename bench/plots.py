@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,11 +69,41 @@ def _efficiency(data: dict[str, Any], ax: Axes) -> None:
     ax.legend(loc="lower right")
 
 
+def _replay(data: dict[str, Any], ax: Axes) -> None:
+    import numpy as np
+
+    grid = np.linspace(0, 3, 301)  # compute, in units of random search's median total
+    shown = ["random", "tpe", "default", "old default", *data.get("shown", [])]
+    low = data["target"]
+    for i, name in enumerate(dict.fromkeys(n for n in shown if n in data["strategies"])):
+        curves = []
+        for run in (r for r in data["runs"] if r["strategy"] == name):
+            best = np.full(grid.shape, np.nan)
+            for compute, value in run["progress"]:  # best so far, a step at each improvement
+                best[grid >= compute] = value
+            curves.append(best)
+        stacked = np.array(curves)
+        with warnings.catch_warnings():  # before any trial completes, a column is all NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            q1, median, q3 = (np.nanpercentile(stacked, q, axis=0) for q in (25, 50, 75))
+        ax.plot(grid, median, color=f"C{i}", label=name)
+        ax.fill_between(grid, q1, q3, color=f"C{i}", alpha=0.15)
+        low = min(low, float(np.nanmin(median[grid >= 0.1])))
+    ax.axhline(data["target"], color="k", linestyle="--", linewidth=0.8, label="random's median best")
+    ax.axvline(1 / 3, color="C3", linestyle=":", linewidth=0.8, label="1/3 of random's compute")
+    ax.set_ylim(low - 0.005, data["target"] + 0.015)
+    ax.set_xlabel("compute (units of random search's median total)")
+    ax.set_ylabel(f"best {data.get('metric', 'value')} so far")
+    ax.set_title(f"Replay: median and quartiles over {data['seeds']} seeds")
+    ax.legend(loc="lower right", fontsize=8)
+
+
 DRAWERS: dict[str, Callable[[Any, Axes], None]] = {
     "throughput": _throughput,
     "dispatch": _dispatch,
     "storage": _storage,
     "efficiency": _efficiency,
+    "replay": _replay,
 }
 
 

@@ -1,0 +1,709 @@
+"""Search strategies replayed against the recorded learning-curve table, many seeds each.
+
+A strategy is a study's sampler and pruner (or the Ray backend's scheduler), built by the same
+code that builds them from a study file (``hpo.search``, ``hpo.dispatch.ray.driver``). The replay
+runs it against ``bench/curves/table.json`` instead of training: a proposed configuration gets the
+curve of the nearest recorded configuration (the parameters scaled to [0, 1], log-scaled where the
+space is), epoch after epoch on a clock driven by the recorded seconds of each epoch and the
+trial's measured overhead (job start-up, data, checkpoints, final test), with ``max_concurrent``
+workers that each start the next trial as soon as theirs ends, as the launcher does.
+
+Compute is charged the way ``hpo status`` charges it, the time a trial holds its allocation
+(here from the launcher's ask to the trial's end, about 2 s more per trial than sacct's elapsed
+time: the submission) times its CPUs, one here. Per strategy and seed:
+
+- ``compute_to_target``: the compute spent when the best value first reached random search's
+  median best (random search without pruning, ``trials`` trials, over the seeds), as a fraction
+  of random search's median total compute for those trials;
+- ``best_at_equal_compute``: the best value found within random search's median total compute;
+- ``test_accuracy_of_best``: the held-out test accuracy of that best configuration.
+
+    python bench/replay.py                       # every strategy, 50 seeds, 64 trials: minutes
+    python bench/replay.py --seeds 5 --strategies random default
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import heapq
+import json
+import math
+import statistics
+import sys
+import time
+import warnings
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import optuna
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from hpo import search  # noqa: E402
+from hpo.config import StudySpec  # noqa: E402
+from hpo.config.schema import build_spec  # noqa: E402
+from trainer.yamlfile import load_yaml_mapping  # noqa: E402
+
+TABLE = REPO / "bench/curves/table.json"
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+DEFAULT_STUDY = REPO / "studies/quickstart.yaml"
+
+# name: the study section's sampler and pruner (and backend) as a study file would write them;
+# None omits the key, so that the schema's default applies. "default" is what a study file that
+# names neither gets (TPE with Optuna's 10 random start-up trials, median stopping from 4/9 of the
+# epochs); "old default" is the quickstart's settings before this measurement.
+TPE: dict[str, Any] = {"name": "tpe"}
+STRATEGIES: dict[str, dict[str, Any]] = {
+    "random": {"sampler": {"name": "random"}, "pruner": {"name": "none"}},
+    "tpe": {"sampler": TPE, "pruner": {"name": "none"}},
+    "default": {"sampler": None, "pruner": None},
+    "old default": {"sampler": {"name": "tpe", "options": {"n_startup_trials": 4}},
+                    "pruner": {"name": "successive_halving", "options": {"min_resource": 1, "reduction_factor": 3}}},
+    "tpe+hyperband": {"sampler": TPE, "pruner": {"name": "hyperband", "options": {"min_resource": 1, "reduction_factor": 3}}},
+    "tpe+median": {"sampler": TPE, "pruner": {"name": "median"}},  # Optuna's defaults
+    "ray-default": {"backend": "ray", "sampler": None, "pruner": None},  # Ray Tune's median stopping rule
+    "ray-asha": {"backend": "ray", "sampler": TPE,
+                 "pruner": {"name": "successive_halving", "options": {"min_resource": 1, "reduction_factor": 3}}},
+    # Fidelities that respect the OneCycle schedule: no decision before epoch 3 (the warm-up ends
+    # by epoch 4.5 of 9 at the space's highest pct_start, by 0.9 at its lowest), or later.
+    "tpe+sha-from-3": {"sampler": TPE, "pruner": {"name": "successive_halving", "options": {"min_resource": 3, "reduction_factor": 3}}},
+    "tpe+median-from-6": {"sampler": TPE, "pruner": {"name": "median", "options": {"n_warmup_steps": 6}}},
+    "tpe+sha": {"sampler": TPE, "pruner": {"name": "successive_halving", "options": {"min_resource": 1, "reduction_factor": 3}}},
+    "random+sha": {"sampler": {"name": "random"}, "pruner": {"name": "successive_halving", "options": {"min_resource": 1, "reduction_factor": 3}}},
+    "random+hyperband": {"sampler": {"name": "random"}, "pruner": {"name": "hyperband", "options": {"min_resource": 1, "reduction_factor": 3}}},
+}  # fmt: skip
+
+
+# -- the table -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+    """One recorded configuration: its curve, the seconds of each epoch and of the rest."""
+
+    params: dict[str, Any]
+    values: list[float]
+    epoch_s: list[float]
+    overhead_s: float
+    test_accuracy: float | None
+
+
+@dataclasses.dataclass
+class Table:
+    metric: str
+    direction: str
+    epochs: int
+    max_concurrent: int
+    space: dict[str, dict[str, Any]]
+    configs: list[Recorded]
+    repeats: list[tuple[int, Recorded]] = dataclasses.field(default_factory=list)
+    """(the index in ``configs`` of the configuration repeated, its run under another seed)."""
+
+    def __post_init__(self) -> None:
+        self._points = np.array([self.scaled(c.params) for c in self.configs])
+        self._noise: list[tuple[list[float], float]] | None = None
+
+    @classmethod
+    def load(cls, path: Path = TABLE) -> Table:
+        data = json.loads(path.read_text())
+        metric = data["metric"]
+
+        def recorded(row: dict[str, Any]) -> Recorded:
+            return Recorded(
+                params=row["params"],
+                values=[float(v) for v in row[metric]],
+                epoch_s=[t + v for t, v in zip(row["train_s"], row["val_s"], strict=True)],
+                overhead_s=float(row["overhead_s"]),
+                test_accuracy=row.get("test_accuracy"),
+            )
+
+        configs = [recorded(row) for row in data["configs"]]
+        index = {row["number"]: i for i, row in enumerate(data["configs"])}
+        return cls(
+            metric=metric,
+            direction=data["direction"],
+            epochs=int(data["epochs"]),
+            max_concurrent=int(data["max_concurrent"]),
+            space=data["space"],
+            configs=configs,
+            repeats=[(index[row["of"]], recorded(row)) for row in data.get("repeats", [])],
+        )
+
+    def scaled(self, params: dict[str, Any]) -> list[float]:
+        """The parameters in [0, 1]: log-scaled for a log or power-of-two range."""
+        out = []
+        for name, p in self.space.items():
+            low, high, value = float(p["low"]), float(p["high"]), float(params[name])
+            if p.get("log") or p.get("power_of_two"):
+                low, high, value = math.log(low), math.log(high), math.log(value)
+            out.append((value - low) / (high - low) if high > low else 0.0)
+        return out
+
+    def noise(self) -> list[tuple[list[float], float]]:
+        """The seed-noise residuals of the repeats (``seed_noise``), computed once."""
+        if self._noise is None:
+            self._noise = seed_noise(self)
+        return self._noise
+
+    def nearest(self, params: dict[str, Any], k: int = 1) -> list[tuple[float, int]]:
+        distances = np.linalg.norm(self._points - np.array(self.scaled(params)), axis=1)
+        order = np.argsort(distances, kind="stable")[:k]
+        return [(float(distances[i]), int(i)) for i in order]
+
+
+Lookup = Callable[[Table, dict[str, Any]], Recorded]
+
+
+def nearest_neighbour(table: Table, params: dict[str, Any]) -> Recorded:
+    """The curve of the nearest recorded configuration: a real curve, noise included."""
+    return table.configs[table.nearest(params)[0][1]]
+
+
+def k_nearest(table: Table, params: dict[str, Any], k: int = 3) -> Recorded:
+    """A surrogate: the inverse-distance weighted mean of the k nearest curves (smoother, but it
+    averages the noise away and blurs sharp optima)."""
+    near = table.nearest(params, k)
+    weights = np.array([1.0 / max(d, 1e-9) for d, _ in near])
+    weights /= weights.sum()
+    configs = [table.configs[i] for _, i in near]
+
+    def mean(rows: list[list[float]]) -> list[float]:
+        return [float(v) for v in np.average(np.array(rows), axis=0, weights=weights)]
+
+    tests = [c.test_accuracy for c in configs]
+    return Recorded(
+        params=params,
+        values=mean([c.values for c in configs]),
+        epoch_s=mean([c.epoch_s for c in configs]),
+        overhead_s=float(np.average([c.overhead_s for c in configs], weights=weights)),
+        test_accuracy=None if None in tests else float(np.average(tests, weights=weights)),  # type: ignore[arg-type]
+    )
+
+
+def seed_noise(table: Table) -> list[tuple[list[float], float]]:
+    """What the training seed alone does to a run: for each repeated configuration, each run's
+    curve (and test accuracy) minus the mean of its runs, scaled by sqrt(n / (n - 1)) so that the
+    residuals have the spread of one run around the truth, not around a mean that includes it."""
+    runs: dict[int, list[Recorded]] = {}
+    for index, run in table.repeats:
+        runs.setdefault(index, [table.configs[index]]).append(run)
+    residuals = []
+    for curves in runs.values():
+        n = len(curves)
+        scale = math.sqrt(n / (n - 1))
+        mean = np.mean([c.values for c in curves], axis=0)
+        tests = [c.test_accuracy for c in curves]
+        test_mean = None if None in tests else float(np.mean(tests))  # type: ignore[arg-type]
+        for c in curves:
+            test = 0.0 if test_mean is None else scale * (c.test_accuracy - test_mean)  # type: ignore[operator]
+            residuals.append(([float(v) for v in scale * (np.array(c.values) - mean)], test))
+    return residuals
+
+
+def noisy_k_nearest(table: Table, params: dict[str, Any], k: int = 3) -> Recorded:
+    """The surrogate of ``k_nearest`` plus one run's seed noise, drawn from the table's repeats:
+    a landscape smooth between recorded points, as a new training run sees it, and a rerun of the
+    same point that differs by what the training seed alone does. The weighted mean already
+    carries part of its neighbours' noise (the sum of the squared weights); the residual adds the
+    rest, so that one proposed configuration's curve has one run's noise. The draw depends only
+    on the parameters: a replay is deterministic, and two seeds' proposals differ as draws do."""
+    surrogate = k_nearest(table, params, k)
+    residuals = table.noise()
+    if not residuals:
+        return surrogate
+    near = table.nearest(params, k)
+    weights = np.array([1.0 / max(d, 1e-9) for d, _ in near])
+    carried = float(((weights / weights.sum()) ** 2).sum())
+    digest = zlib.crc32(repr([round(x, 9) for x in table.scaled(params)]).encode())
+    curve, test = residuals[int(np.random.default_rng(digest).integers(len(residuals)))]
+    scale = math.sqrt(max(0.0, 1.0 - carried))
+    return dataclasses.replace(
+        surrogate,
+        values=[min(1.0, max(0.0, v + scale * r)) for v, r in zip(surrogate.values, curve, strict=True)],
+        test_accuracy=None if surrogate.test_accuracy is None else surrogate.test_accuracy + scale * test,
+    )
+
+
+LOOKUPS: dict[str, Lookup] = {
+    "nearest": nearest_neighbour,
+    "3-nearest": k_nearest,
+    "3-nearest+noise": noisy_k_nearest,
+}
+
+
+# -- strategies ------------------------------------------------------------------------------
+
+
+def strategy_spec(name: str, table: Table, seed: int, default_study: Path = DEFAULT_STUDY) -> StudySpec:
+    """The default study file with the strategy's sampler, pruner or backend, its trainer the table's
+    (the pruners' resources are the table's epochs), built as a study file is."""
+    return spec_with(STRATEGIES[name], table, seed, default_study, name)
+
+
+def seed_range(seeds: int) -> range:
+    """The samplers' seeds of a comparison. Not 0: the recording sampled at random from seed 0, so
+    random search's seed 0 would propose the recorded configurations themselves."""
+    return range(1, seeds + 1)
+
+
+def apply_strategy(study: dict[str, Any], study_keys: dict[str, Any], seed: int) -> None:
+    """Set a study section's keys to a strategy's (None: omitted, the default), with the seed."""
+    for key, value in copy.deepcopy(study_keys).items():
+        if value is None:
+            study.pop(key, None)
+        else:
+            study[key] = value
+    study["sampler"] = {**(study.get("sampler") or {}), "seed": seed}
+
+
+def spec_with(
+    study_keys: dict[str, Any], table: Table, seed: int, default_study: Path = DEFAULT_STUDY, name: str = ""
+) -> StudySpec:
+    document = load_yaml_mapping(default_study)
+    study = document["study"]
+    apply_strategy(study, study_keys, seed)
+    study["max_concurrent"] = table.max_concurrent
+    if (study.get("pruner") or {}).get("name") == "hyperband":
+        study["pruner"].setdefault("options", {}).setdefault("max_resource", table.epochs)
+    document["trainer"] = {**document.get("trainer", {}), "epochs": table.epochs}
+    study.pop("enqueue", None)  # the hand-picked start is not part of a strategy
+    return build_spec(document, f"{default_study} ({name or study_keys})")
+
+
+class Stopper(Protocol):
+    """What decides, after each epoch, whether a trial goes on."""
+
+    def decide(self, trial: optuna.Trial, epoch: int, value: float, last: bool) -> bool: ...
+
+
+class OptunaStopper:
+    """The study's Optuna pruner, as the service's reporter asks it: report, then should_prune."""
+
+    def decide(self, trial: optuna.Trial, epoch: int, value: float, last: bool) -> bool:
+        trial.report(value, step=epoch)
+        return trial.should_prune() and not last
+
+
+class TuneStopper:
+    """Ray Tune's scheduler as the Ray backend builds it from the same study file."""
+
+    @dataclasses.dataclass(frozen=True)
+    class _Trial:
+        trial_id: str
+
+    class _Controller:
+        """What a scheduler asks of Tune's controller: no trial waits for a slot here (a trial
+        starts as another ends), so the median rule never pauses one to let another run."""
+
+        def get_live_trials(self) -> list[Any]:
+            return []
+
+    def __init__(self, spec: StudySpec, epochs: int) -> None:
+        from hpo.dispatch.ray.driver import build_scheduler
+
+        self.scheduler = build_scheduler(spec, epochs)
+        self.scheduler.set_search_properties(
+            spec.study.metric, "min" if spec.study.direction == "minimize" else "max"
+        )
+        self.metric = spec.study.metric
+        self.added: set[str] = set()
+
+    def decide(self, trial: optuna.Trial, epoch: int, value: float, last: bool) -> bool:
+        trial.report(value, step=epoch)  # the Ray backend records each epoch on the Optuna trial too
+        stub = self._Trial(str(trial.number))
+        if stub.trial_id not in self.added:
+            self.added.add(stub.trial_id)
+            self.scheduler.on_trial_add(None, stub)
+        action = self.scheduler.on_trial_result(
+            self._Controller(), stub, {"training_iteration": epoch, self.metric: value}
+        )
+        return action == "STOP" and not last
+
+
+def stopper_for(spec: StudySpec, table: Table) -> Stopper:
+    return TuneStopper(spec, table.epochs) if spec.study.backend == "ray" else OptunaStopper()
+
+
+# -- the simulation --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TrialRun:
+    number: int
+    params: dict[str, Any]
+    recorded: Recorded
+    asked_s: float
+    end_s: float = math.inf
+    epochs: int = 0
+    state: str = "RUNNING"
+    value: float | None = None
+
+
+@dataclasses.dataclass
+class Replay:
+    trials: list[TrialRun]
+    events: list[tuple[float, int, str]]
+    """(clock, trial number, what): "start", "epoch N", "COMPLETE", "PRUNED", in order."""
+
+    def compute_at(self, clock: float) -> float:
+        """CPU-seconds charged by ``clock``: every trial's span from its ask, up to then."""
+        asked = np.fromiter((t.asked_s for t in self.trials), float, len(self.trials))
+        ended = np.fromiter((t.end_s for t in self.trials), float, len(self.trials))
+        return float(np.clip(np.minimum(ended, clock) - asked, 0.0, None).sum())
+
+    def total_compute(self) -> float:
+        return sum(t.end_s - t.asked_s for t in self.trials)
+
+    def progress(self, maximize: bool) -> list[tuple[float, float, TrialRun]]:
+        """(compute, best value, best trial) each time the best improves."""
+        best: TrialRun | None = None
+        out = []
+        for trial in sorted(
+            (t for t in self.trials if t.state == "COMPLETE"), key=lambda t: (t.end_s, t.number)
+        ):
+            assert trial.value is not None
+            if best is None or (trial.value > best.value if maximize else trial.value < best.value):  # type: ignore[operator]
+                best = trial
+                out.append((self.compute_at(trial.end_s), trial.value, trial))
+        return out
+
+
+def replay(
+    table: Table,
+    spec: StudySpec,
+    *,
+    lookup: Lookup = nearest_neighbour,
+    n_trials: int | None = None,
+    compute_budget: float = math.inf,
+    stop_when: Callable[[Replay, float], bool] | None = None,
+) -> Replay:
+    """Run the spec's sampler and pruner against the table with max_concurrent workers.
+
+    New trials are asked while fewer than ``n_trials`` were and less than ``compute_budget`` was
+    charged; ``stop_when(replay, compute spent)`` ends the study early (checked as each trial ends).
+    Running trials end.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study = optuna.create_study(
+            direction=spec.study.direction,
+            sampler=search.build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source),
+            pruner=search.build_pruner(spec.study.pruner, spec.source)
+            if spec.study.backend != "ray"
+            else optuna.pruners.NopPruner(),
+        )
+    stopper = stopper_for(spec, table)
+    distributions = search.distributions(spec)
+    result = Replay(trials=[], events=[])
+    queue: list[tuple[float, int, int, int]] = []  # (clock, sequence, trial number, epoch ending)
+    sequence = 0
+    live: dict[int, tuple[optuna.Trial, TrialRun]] = {}
+    stopped = False
+
+    closed_s = 0.0  # the compute of the trials that ended; the running ones are added as of now
+
+    def spent(clock: float) -> float:
+        return closed_s + sum(clock - run.asked_s for _, run in live.values())
+
+    def may_ask(clock: float) -> bool:
+        return (
+            not stopped
+            and (n_trials is None or len(result.trials) < n_trials)
+            and spent(clock) < compute_budget
+        )
+
+    def start(clock: float) -> None:
+        nonlocal sequence
+        trial = study.ask(distributions)
+        run = TrialRun(trial.number, dict(trial.params), lookup(table, dict(trial.params)), asked_s=clock)
+        result.trials.append(run)
+        live[trial.number] = (trial, run)
+        result.events.append((clock, trial.number, "start"))
+        heapq.heappush(
+            queue, (clock + run.recorded.overhead_s + run.recorded.epoch_s[0], sequence, trial.number, 1)
+        )
+        sequence += 1
+
+    for _ in range(spec.study.max_concurrent):
+        if may_ask(0.0):
+            start(0.0)
+    while queue:
+        clock, _, number, epoch = heapq.heappop(queue)
+        trial, run = live[number]
+        value = run.recorded.values[epoch - 1]
+        run.epochs = epoch
+        result.events.append((clock, number, f"epoch {epoch}"))
+        last = epoch == table.epochs
+        if stopper.decide(trial, epoch, value, last):
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            run.state = "PRUNED"
+        elif last:
+            study.tell(trial, value)
+            run.state, run.value = "COMPLETE", value
+        else:
+            heapq.heappush(queue, (clock + run.recorded.epoch_s[epoch], sequence, number, epoch + 1))
+            sequence += 1
+            continue
+        run.end_s = clock
+        closed_s += clock - run.asked_s
+        del live[number]
+        result.events.append((clock, number, run.state))
+        if stop_when is not None and stop_when(result, spent(clock)):
+            stopped = True
+        if may_ask(clock):
+            start(clock)
+    return result
+
+
+# -- many seeds ------------------------------------------------------------------------------
+
+
+def _quartiles(values: Sequence[float | None], missing: float = math.inf) -> dict[str, float | None]:
+    """Quartiles by linear interpolation. A missing value counts as ``missing``: +inf for a
+    compute (the target never reached), -inf for a value to maximize (nothing completed); an
+    infinite value makes every quantile it takes part in infinite, shown as None."""
+    ordered = sorted(missing if v is None else v for v in values)
+    if not ordered:
+        return {"q1": None, "median": None, "q3": None}
+
+    def quantile(p: float) -> float:
+        position = p * (len(ordered) - 1)
+        below, weight = int(position), position - int(position)
+        if weight == 0:
+            return ordered[below]
+        if math.isinf(ordered[below]) or math.isinf(ordered[below + 1]):
+            return ordered[below] if math.isinf(ordered[below]) else ordered[below + 1]
+        return ordered[below] + weight * (ordered[below + 1] - ordered[below])  # inf stays inf
+
+    return {"q1": _json(quantile(0.25)), "median": _json(quantile(0.5)), "q3": _json(quantile(0.75))}
+
+
+def _json(x: float) -> float | None:
+    return None if math.isinf(x) else round(x, 4)  # not reached: None in JSON, inf in the table
+
+
+def _baseline(args: tuple[str, int, int, str]) -> tuple[float, float]:
+    table_path, seed, trials, lookup = args
+    table = Table.load(Path(table_path))
+    run = replay(table, strategy_spec("random", table, seed), lookup=LOOKUPS[lookup], n_trials=trials)
+    return run.total_compute(), max(t.value for t in run.trials if t.value is not None)
+
+
+def _one(args: tuple[str, str, int, float, float, float, str, int]) -> dict[str, Any]:
+    table_path, name, seed, target, budget, horizon, lookup, trials = args
+    table = Table.load(Path(table_path))
+    spec = strategy_spec(name, table, seed)
+    maximize = spec.study.direction == "maximize"
+
+    def done(run: Replay, spent: float) -> bool:  # the budget spent and the target reached, or far past
+        if spent < budget:
+            return False
+        values = [t.value for t in run.trials if t.value is not None]
+        return spent >= horizon or any((v >= target if maximize else v <= target) for v in values)
+
+    started = time.monotonic()
+    run = replay(table, spec, lookup=LOOKUPS[lookup], compute_budget=horizon, stop_when=done)
+    progress = run.progress(maximize)
+    to_target = next((c for c, v, _ in progress if (v >= target if maximize else v <= target)), math.inf)
+    if to_target > horizon:  # reached by a trial that started before the horizon and ended after it
+        to_target = math.inf
+    within = [(c, v, t) for c, v, t in progress if c <= budget]
+    best = within[-1] if within else None
+    budget_clock = _clock_at_compute(run, budget)
+    return {
+        "strategy": name,
+        "seed": seed,
+        "trials": sum(1 for t in run.trials if t.asked_s < budget_clock),
+        "pruned": sum(1 for t in run.trials if t.asked_s < budget_clock and t.state == "PRUNED"),
+        # What a trial costs on average, pruned ones included, against random search's (unpruned).
+        "trial_cost": round(statistics.mean(ended) / (budget / trials), 4)
+        if (ended := [t.end_s - t.asked_s for t in run.trials if math.isfinite(t.end_s)])
+        else None,
+        "compute_to_target": to_target / budget,
+        "best_at_equal_compute": best[1] if best else None,
+        "test_accuracy_of_best": best[2].recorded.test_accuracy if best else None,
+        "progress": [(round(c / budget, 4), v) for c, v, _ in progress],
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+def _clock_at_compute(run: Replay, compute: float) -> float:
+    """The clock at which ``compute`` had been charged (bisection: compute_at only grows)."""
+    low, high = 0.0, max((t.end_s for t in run.trials), default=0.0)
+    if run.compute_at(high) <= compute:
+        return math.inf
+    for _ in range(50):
+        middle = (low + high) / 2
+        low, high = (middle, high) if run.compute_at(middle) < compute else (low, middle)
+    return high
+
+
+def compare(
+    table_path: Path, names: Sequence[str], seeds: int, trials: int, lookup: str, processes: int
+) -> dict[str, Any]:
+    with ProcessPoolExecutor(processes) as pool:
+        baseline = list(
+            pool.map(_baseline, [(str(table_path), s, trials, lookup) for s in seed_range(seeds)])
+        )
+        budget = statistics.median(c for c, _ in baseline)
+        target = statistics.median(b for _, b in baseline)
+        jobs = [
+            (str(table_path), n, s, target, budget, 3 * budget, lookup, trials)
+            for n in names
+            for s in seed_range(seeds)
+        ]
+        runs = list(pool.map(_one, jobs))
+    table = Table.load(table_path)
+    by_name: dict[str, list[dict[str, Any]]] = {n: [r for r in runs if r["strategy"] == n] for n in names}
+    random_best = {r["seed"]: r["best_at_equal_compute"] for r in by_name.get("random", [])}
+    worst = -math.inf if table.direction == "maximize" else math.inf  # nothing completed within the compute
+    strategies = {}
+    for name, rows in by_name.items():
+        paired = [
+            (r["best_at_equal_compute"], random_best[r["seed"]]) for r in rows if r["seed"] in random_best
+        ]
+        beats = [ours is not None and (theirs is None or ours > theirs) for ours, theirs in paired]
+        ties = [ours is not None and ours == theirs for ours, theirs in paired]
+        strategies[name] = {
+            "definition": definition(name, table),
+            "seeds": len(rows),
+            "trials": statistics.median(r["trials"] for r in rows),
+            "pruned": statistics.median(r["pruned"] for r in rows),
+            "trial_cost": statistics.median(r["trial_cost"] for r in rows if r["trial_cost"] is not None),
+            "compute_to_target": _quartiles([r["compute_to_target"] for r in rows]),
+            "best_at_equal_compute": _quartiles([r["best_at_equal_compute"] for r in rows], worst),
+            "test_accuracy_of_best": _quartiles([r["test_accuracy_of_best"] for r in rows], worst),
+            "beats_random_at_equal_compute": round(sum(beats) / len(beats), 3) if beats else None,
+            # The same best: with the nearest lookup, both found the same recorded configuration.
+            "ties_random_at_equal_compute": round(sum(ties) / len(ties), 3) if ties else None,
+        }
+    return {
+        "metric": table.metric,
+        "lookup": lookup,
+        "seeds": seeds,
+        "random_trials": trials,
+        "target": target,
+        "compute_budget_s": round(budget, 1),
+        "noise": noise_floor(table),
+        "rank_correlation_with_last_epoch": fidelity(table),
+        "strategies": strategies,
+        "runs": runs,
+    }
+
+
+def definition(name: str, table: Table) -> dict[str, Any]:
+    """The strategy's sampler and pruner as built for the table (defaults filled in)."""
+    spec = strategy_spec(name, table, seed=0)
+    out = {
+        "sampler": {"name": spec.study.sampler.name, "options": spec.study.sampler.options},
+        "pruner": {"name": spec.study.pruner.name, "options": spec.study.pruner.options},
+    }
+    return {**out, "backend": spec.study.backend} if spec.study.backend != "optuna" else out
+
+
+def noise_floor(table: Table) -> dict[str, Any]:
+    """How much the last epoch's value moves with the training seed alone (the table's repeats),
+    beside the spread of the best recorded configurations: differences under it are luck."""
+    runs: dict[int, list[float]] = {}
+    for index, run in table.repeats:
+        runs.setdefault(index, [table.configs[index].values[-1]]).append(run.values[-1])
+    spreads = [statistics.stdev(values) for values in runs.values()]
+    last = sorted((c.values[-1] for c in table.configs), reverse=table.direction == "maximize")
+    return {
+        "configurations_repeated": len(runs),
+        "seeds_each": 1 + len(table.repeats) // max(1, len(runs)),
+        "seed_sd_median": round(statistics.median(spreads), 4) if spreads else None,
+        "seed_sd_max": round(max(spreads), 4) if spreads else None,
+        "best_recorded": last[0],
+        "tenth_best_recorded": last[9] if len(last) >= 10 else None,
+    }
+
+
+def rank_correlation(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's: the correlation of the ranks (ties broken by order, rare in these values)."""
+    rank_a, rank_b = (np.argsort(np.argsort(np.asarray(v))) for v in (a, b))
+    return float(np.corrcoef(rank_a, rank_b)[0, 1])
+
+
+def fidelity(table: Table) -> list[float]:
+    """How well each epoch's value ranks the configurations as the last epoch does: what a pruner
+    deciding at that epoch can know."""
+    last = [c.values[-1] for c in table.configs]
+    return [
+        round(rank_correlation([c.values[e] for c in table.configs], last), 3) for e in range(table.epochs)
+    ]
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(
+        f"replay ({result['lookup']} lookup), {result['seeds']} seeds; target: random search's median best "
+        f"{result['target']:.4f} after {result['random_trials']} trials; compute in units of random's "
+        f"median total ({result['compute_budget_s'] / 3600:.2f} CPU-h)"
+    )
+
+    def cell(q: dict[str, float | None], digits: int) -> str:
+        shown = ["inf" if v is None else f"{v:.{digits}f}" for v in (q["q1"], q["median"], q["q3"])]
+        return f"{shown[1]} [{shown[0]}, {shown[2]}]"
+
+    print(f"{'strategy':18} {'trials':>6} {'compute to target':>22} {'best at equal compute':>26} "
+          f"{'its test accuracy':>26} {'beats/ties random':>17}")  # fmt: skip
+    for name, s in result["strategies"].items():
+        beats = s["beats_random_at_equal_compute"]
+        versus = "" if beats is None else f"{beats:.0%}/{s['ties_random_at_equal_compute']:.0%}"
+        print(f"{name:18} {s['trials']:>6.0f} {cell(s['compute_to_target'], 3):>22} "
+              f"{cell(s['best_at_equal_compute'], 4):>26} {cell(s['test_accuracy_of_best'], 4):>26} {versus:>17}")  # fmt: skip
+    print(
+        "(median [first quartile, third quartile] over the seeds; inf: not reached within 3x random's compute)"
+    )
+    if noise := result.get("noise"):
+        print(f"noise floor: the last epoch's {result['metric']} moves by {noise['seed_sd_median']:.4f} "
+              f"(median SD; max {noise['seed_sd_max']:.4f}) with the training seed alone "
+              f"({noise['configurations_repeated']} configurations x {noise['seeds_each']} seeds); the best "
+              f"recorded is {noise['best_recorded']:.4f}, the tenth best {noise['tenth_best_recorded']:.4f}")  # fmt: skip
+    if correlations := result.get("rank_correlation_with_last_epoch"):
+        print("rank correlation of each epoch's value with the last epoch's: "
+              + ", ".join(f"{e + 1}: {c:.2f}" for e, c in enumerate(correlations)))  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--table", type=Path, default=TABLE)
+    parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
+    parser.add_argument("--seeds", type=int, default=50)
+    parser.add_argument("--trials", type=int, default=64, help="random search's trials (the baseline)")
+    parser.add_argument("--lookup", choices=list(LOOKUPS), default="3-nearest+noise")
+    parser.add_argument("--also-lookup", nargs="*", choices=list(LOOKUPS), default=[],
+                        help="the same again with other lookups (how much the lookup changes the result)")  # fmt: skip
+    parser.add_argument("--also-seeds", type=int, default=20, help="seeds for the other lookups")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=REPO / "bench/results/replay.json")
+    args = parser.parse_args(argv)
+    names = ["random", *(n for n in args.strategies if n != "random")]
+    started = time.monotonic()
+    result = compare(args.table, names, args.seeds, args.trials, args.lookup, args.processes)
+    print_table(result)
+    result["other_lookups"] = {}
+    for lookup in args.also_lookup:
+        other = compare(args.table, names, args.also_seeds, args.trials, lookup, args.processes)
+        print()
+        print_table(other)
+        other.pop("runs")  # the figure draws the main lookup's runs; the others' summaries are kept
+        result["other_lookups"][lookup] = other
+    result["seconds"] = round(time.monotonic() - started, 1)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"replayed in {result['seconds']:.0f} s; {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The replay checked against reality: strategies run for real on the local Slurm cluster, set
+beside the replay's spread for the same settings.
+
+Each real study is the recording's study file (bench/curves/study.yaml: the same trainer, space
+and data) with the strategy's sampler and pruner, ``--trials`` trials, ``max_concurrent`` as
+recorded, one per seed, run with ``hpo launch``. The replay then runs the same strategy with the
+same trial budget over many seeds; for each real run the check prints where its best value, its
+held-out test accuracy and its compute fall in the replay's distribution (the percentile), and
+whether each lies within the replay's range.
+
+    python bench/replay_check.py                     # default and random, seeds 1 and 2, 24 trials
+    python bench/replay_check.py --only-replay       # the comparison again, from the runs recorded
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench import replay  # noqa: E402
+from hpo import record, storage  # noqa: E402
+from hpo.config import load_study  # noqa: E402
+from trainer.yamlfile import load_yaml_mapping  # noqa: E402
+
+STUDY_FILE = REPO / "bench/curves/study.yaml"
+WORKDIR = REPO / "runs/replay-check"
+RESULT = REPO / "bench/results/replay-check.json"
+
+
+def study_file(strategy: str, seed: int, trials: int) -> Path:
+    """The recording's study with the strategy's sampler and pruner, as the replay builds them."""
+    document = load_yaml_mapping(STUDY_FILE)
+    study = document["study"]
+    replay.apply_strategy(study, replay.STRATEGIES[strategy], seed)
+    name = f"check-{strategy}-s{seed}"
+    study.update(
+        name=name, n_trials=trials, storage=f"journal:{WORKDIR / name}.journal", workdir=str(WORKDIR / name)
+    )
+    path = WORKDIR / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def outcome(path: Path) -> dict[str, Any]:
+    spec = load_study(path)
+    ref = storage.resolve_storage(spec, spec.study.storage, str(path))
+    study = optuna.load_study(study_name=spec.study.name, storage=storage.open_storage(ref, create=False))
+    trials = [t for t in study.get_trials(deepcopy=False) if t.state.name in ("COMPLETE", "PRUNED")]
+    spans = [
+        (
+            datetime.fromisoformat(t.user_attrs[record.ATTR_ASKED_AT]),
+            datetime.fromisoformat(t.user_attrs[record.ATTR_FINISHED_AT]),
+        )
+        for t in trials
+    ]
+    best = max((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: float(t.value or 0.0))
+    return {
+        "study": spec.study.name,
+        "trials": len(trials),
+        "pruned": sum(t.state.name == "PRUNED" for t in trials),
+        "best": best.value,
+        "test_accuracy_of_best": best.user_attrs.get(record.ATTR_TEST_ACCURACY),
+        "compute_s": round(sum((end - ask).total_seconds() for ask, end in spans), 1),
+    }
+
+
+def replayed(
+    strategy: str, seeds: int, trials: int, table: replay.Table, lookup: str
+) -> list[dict[str, Any]]:
+    out = []
+    for seed in replay.seed_range(seeds):
+        spec = replay.strategy_spec(strategy, table, seed)
+        run = replay.replay(table, spec, lookup=replay.LOOKUPS[lookup], n_trials=trials)
+        best = max((t for t in run.trials if t.state == "COMPLETE"), key=lambda t: t.value or 0.0)
+        out.append({"best": best.value, "test_accuracy_of_best": best.recorded.test_accuracy,
+                    "compute_s": run.total_compute(), "pruned": sum(t.state == "PRUNED" for t in run.trials)})  # fmt: skip
+    return out
+
+
+def lookup_error(strategies: list[str], seeds: list[int], trials: int, table: replay.Table) -> dict[str, Any]:
+    """Each real trial that ran every epoch, its last value against what each lookup gives for
+    its parameters: how far the replay's curves are from a new training run of the same point."""
+    pairs: list[tuple[dict[str, Any], float]] = []
+    for strategy in strategies:
+        for seed in seeds:
+            spec = load_study(study_file(strategy, seed, trials))
+            ref = storage.resolve_storage(spec, spec.study.storage, spec.source)
+            study = optuna.load_study(
+                study_name=spec.study.name, storage=storage.open_storage(ref, create=False)
+            )
+            pairs += [(dict(t.params), float(t.value)) for t in study.get_trials(deepcopy=False)
+                      if t.state.name == "COMPLETE" and t.value is not None]  # fmt: skip
+    out: dict[str, Any] = {
+        "trials": len(pairs),
+        "seed_sd_median": replay.noise_floor(table)["seed_sd_median"],
+    }
+    for name, lookup in replay.LOOKUPS.items():
+        errors = [lookup(table, params).values[-1] - real for params, real in pairs]
+        out[name] = {
+            "rmse": round(math.sqrt(sum(e * e for e in errors) / len(errors)), 4),
+            "mean_error": round(sum(errors) / len(errors), 4),
+            "rank_correlation": round(replay.rank_correlation([lookup(table, p).values[-1] for p, _ in pairs], [r for _, r in pairs]), 3),
+        }  # fmt: skip
+        print(f"{name} lookup against {len(pairs)} real trials' last epoch: RMSE {out[name]['rmse']:.4f}, "
+              f"mean error {out[name]['mean_error']:+.4f}, rank correlation {out[name]['rank_correlation']:.3f} "
+              f"(training seed alone: SD {out['seed_sd_median']:.4f})")  # fmt: skip
+    return out
+
+
+def percentile(value: float, sample: list[float]) -> float:
+    """Where ``value`` falls in ``sample``: the share below it, ties counted half."""
+    below = sum(v < value for v in sample) + 0.5 * sum(v == value for v in sample)
+    return below / len(sample)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--strategies", nargs="+", default=["default", "random"], choices=list(replay.STRATEGIES)
+    )
+    # Not seed 0: the recording ran random sampling from seed 0, so random search's seed 0, and
+    # TPE's start-up draws from it, would propose the recorded configurations again, and the
+    # training, itself seeded, would repeat the recorded curves to the last digit.
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--trials", type=int, default=24)
+    parser.add_argument("--replay-seeds", type=int, default=50)
+    parser.add_argument("--only-replay", action="store_true", help="compare the runs already recorded")
+    args = parser.parse_args(argv)
+    if not args.only_replay:
+        subprocess.run(
+            ["bash", str(REPO / "deploy/local-cluster/up.sh")], check=True, stdout=subprocess.DEVNULL
+        )
+    table = replay.Table.load()
+    result: dict[str, Any] = {"trials": args.trials, "replay_seeds": args.replay_seeds, "strategies": {}}
+    for strategy in args.strategies:
+        real = []
+        for seed in args.seeds:
+            path = study_file(strategy, seed, args.trials)
+            if not args.only_replay:
+                subprocess.run(
+                    [str(Path(sys.executable).parent / "hpo"), "launch", str(path)], cwd=REPO, check=True
+                )
+            real.append({"seed": seed, **outcome(path)})
+        result["strategies"][strategy] = {"real": real, "replay": {}}
+        for lookup in replay.LOOKUPS:
+            sample = replayed(strategy, args.replay_seeds, args.trials, table, lookup)
+            result["strategies"][strategy]["replay"][lookup] = sample
+            print(f"{strategy}, {args.trials} trials; replay ({lookup} lookup) over {args.replay_seeds} seeds: "
+                  f"best {min(s['best'] for s in sample):.4f}..{max(s['best'] for s in sample):.4f}, "
+                  f"compute {min(s['compute_s'] for s in sample) / 3600:.3f}..{max(s['compute_s'] for s in sample) / 3600:.3f} CPU-h")  # fmt: skip
+            for run in real:
+                cells = []
+                for key, digits in (
+                    ("best", 4),
+                    ("test_accuracy_of_best", 4),
+                    ("compute_s", 0),
+                    ("pruned", 0),
+                ):
+                    values = [s[key] for s in sample if s[key] is not None]
+                    inside = min(values) <= run[key] <= max(values)
+                    cells.append(f"{key} {run[key]:.{digits}f} (replay percentile {percentile(run[key], values):.0%}"
+                                 f"{'' if inside else ', OUTSIDE the range'})")  # fmt: skip
+                print(
+                    f"  real seed {run['seed']}: {run['trials']} trials, {run['pruned']} pruned; "
+                    + "; ".join(cells)
+                )
+    result["lookup_error"] = lookup_error(args.strategies, args.seeds, args.trials, table)
+    RESULT.write_text(json.dumps(result, indent=1) + "\n")
+    print(RESULT.relative_to(REPO))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The replay simulator (bench/replay.py) on a hand-made table whose every event and charge is
+worked out below by hand, and the recorded table it replays (bench/curves/table.json)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+import replay  # noqa: E402  (a script in bench/, imported by its file name as it runs)
+from replay import Recorded, Table  # noqa: E402
+
+from hpo.config.schema import PrunerSpec, SamplerSpec  # noqa: E402
+
+STUDY = """\
+study:
+  name: hand
+  metric: val_accuracy
+  sampler: {name: random, seed: 0}
+  pruner: {name: threshold, options: {lower: 0.5}}
+  n_trials: 4
+  max_concurrent: 2
+search_space:
+  lr: {type: float, low: 0.01, high: 1.0, log: true}
+trainer: {model: resnet8, width: 8, dataset: fashion-mnist, epochs: 3}
+"""
+
+
+def recorded(overhead: float, epoch_s: list[float], values: list[float], test: float) -> Recorded:
+    return Recorded(
+        params={"lr": 0.1}, values=values, epoch_s=epoch_s, overhead_s=overhead, test_accuracy=test
+    )
+
+
+# In the order the trials are asked. The threshold pruner stops a trial whose value is under 0.5.
+A = recorded(1, [2, 2, 2], [0.6, 0.7, 0.8], 0.79)  # epochs end at 3, 5, 7: COMPLETE at 7
+B = recorded(1, [3, 3, 3], [0.3, 0.4, 0.5], 0.30)  # epoch 1 ends at 4, under 0.5: PRUNED at 4
+C = recorded(1, [1, 1, 1], [0.55, 0.9, 0.95], 0.93)  # asked at 4 on B's worker: 6, 7, 8, COMPLETE at 8
+D = recorded(1, [2, 2, 2], [0.4, 0.9, 0.9], 0.88)  # asked at 7 on A's worker: 10, PRUNED at 10
+
+
+def hand_table() -> Table:
+    space = {"lr": {"type": "float", "low": 0.01, "high": 1.0, "log": True}}
+    return Table("val_accuracy", "maximize", 3, 2, space, [A, B, C, D])
+
+
+def in_ask_order() -> replay.Lookup:
+    queue = [A, B, C, D]
+    return lambda table, params: queue.pop(0)
+
+
+@pytest.fixture
+def hand_run(tmp_path: Path) -> replay.Replay:
+    study = tmp_path / "hand.yaml"
+    study.write_text(STUDY)
+    table = hand_table()
+    spec = replay.spec_with({}, table, seed=0, default_study=study)
+    return replay.replay(table, spec, lookup=in_ask_order(), n_trials=4)
+
+
+def test_two_asynchronous_workers_give_the_events_worked_out_by_hand(hand_run: replay.Replay) -> None:
+    assert hand_run.events == [
+        (0, 0, "start"), (0, 1, "start"),
+        (3, 0, "epoch 1"),
+        (4, 1, "epoch 1"), (4, 1, "PRUNED"), (4, 2, "start"),  # B's worker takes the next trial at once
+        (5, 0, "epoch 2"),
+        (6, 2, "epoch 1"),
+        (7, 0, "epoch 3"), (7, 0, "COMPLETE"), (7, 3, "start"),
+        (7, 2, "epoch 2"),  # at the same time: the epoch scheduled first comes first
+        (8, 2, "epoch 3"), (8, 2, "COMPLETE"),
+        (10, 3, "epoch 1"), (10, 3, "PRUNED"),
+    ]  # fmt: skip
+    assert [(t.state, t.value, t.epochs) for t in hand_run.trials] == [
+        ("COMPLETE", 0.8, 3), ("PRUNED", None, 1), ("COMPLETE", 0.95, 3), ("PRUNED", None, 1)
+    ]  # fmt: skip
+
+
+def test_compute_is_each_trial_from_its_ask_to_its_end_a_pruned_one_up_to_its_stop(
+    hand_run: replay.Replay,
+) -> None:
+    # A 0-7, B 0-4, C 4-8, D 7-10: 7 + 4 + 4 + 3.
+    assert hand_run.total_compute() == 18
+    assert hand_run.compute_at(5) == 5 + 4 + 1
+    assert hand_run.compute_at(7) == 7 + 4 + 3
+    assert [(c, v, t.number) for c, v, t in hand_run.progress(maximize=True)] == [(14, 0.8, 0), (16, 0.95, 2)]
+    assert replay._clock_at_compute(hand_run, 14.0) == pytest.approx(7.0)
+
+
+def test_a_compute_budget_stops_asking_and_lets_running_trials_end(tmp_path: Path) -> None:
+    study = tmp_path / "hand.yaml"
+    study.write_text(STUDY)
+    table = hand_table()
+    spec = replay.spec_with({}, table, seed=0, default_study=study)
+    # At 4 (B pruned) 8 were spent: C starts. At 7 (A ends) 7 + 4 + 3 = 14 >= 13: D is not asked.
+    run = replay.replay(table, spec, lookup=in_ask_order(), compute_budget=13)
+    assert [t.number for t in run.trials] == [0, 1, 2]
+    assert run.total_compute() == 15 and run.trials[2].state == "COMPLETE"
+
+
+def test_nearest_lookup_scales_log_ranges(tmp_path: Path) -> None:
+    space = {"lr": {"type": "float", "low": 0.01, "high": 1.0, "log": True}}
+    low = Recorded({"lr": 0.01}, [0.1], [1.0], 0.0, None)
+    high = Recorded({"lr": 1.0}, [0.9], [1.0], 0.0, None)
+    table = Table("val_accuracy", "maximize", 1, 1, space, [low, high])
+    # 0.09 is nearer 1.0 than 0.01 on a linear scale, nearer 0.01 on the log scale (0.48 of the range).
+    assert replay.nearest_neighbour(table, {"lr": 0.09}) is low
+    assert replay.nearest_neighbour(table, {"lr": 0.11}) is high
+    surrogate = replay.k_nearest(table, {"lr": 0.1}, k=2)  # exactly halfway: the mean of both
+    assert surrogate.values == pytest.approx([0.5])
+
+
+def test_the_noisy_surrogate_adds_one_runs_seed_noise_and_no_more(tmp_path: Path) -> None:
+    space = {"lr": {"type": "float", "low": 0.01, "high": 1.0, "log": True}}
+    low = Recorded({"lr": 0.01}, [0.4, 0.6], [1.0, 1.0], 0.0, 0.6)
+    high = Recorded({"lr": 1.0}, [0.7, 0.8], [1.0, 1.0], 0.0, 0.8)
+    # ``low`` trained again under two other seeds: its three runs are 0.1 apart at every epoch.
+    again = [Recorded({"lr": 0.01}, [0.4 + d, 0.6 + d], [1.0, 1.0], 0.0, 0.6 + d) for d in (0.1, 0.2)]
+    table = Table("val_accuracy", "maximize", 2, 1, space, [low, high], repeats=[(0, r) for r in again])
+    scale = math.sqrt(3 / 2)  # the spread of one run around the truth, not around the mean of three
+    flat = [x for curve, test in table.noise() for x in (*curve, test)]
+    assert flat == pytest.approx([-0.1 * scale] * 3 + [0.0] * 3 + [0.1 * scale] * 3)
+    # Halfway between the two points the surrogate is their mean, which carries half of one run's
+    # noise variance (weights 1/2 and 1/2); the residual adds the other half.
+    mean = replay.k_nearest(table, {"lr": 0.1}, k=2)
+    noisy = replay.noisy_k_nearest(table, {"lr": 0.1}, k=2)
+    assert noisy == replay.noisy_k_nearest(table, {"lr": 0.1}, k=2)  # deterministic
+    added = [n - m for n, m in zip(noisy.values, mean.values, strict=True)]
+    assert any(added == pytest.approx([r * math.sqrt(1 / 2) for r in curve]) for curve, _ in table.noise())
+    # On a recorded point the surrogate is that run, whose own noise is already in it.
+    assert replay.noisy_k_nearest(table, {"lr": 0.01}, k=2).values == pytest.approx(low.values, abs=1e-4)
+
+
+def test_the_default_strategy_is_what_a_study_file_without_sampler_and_pruner_gets(tmp_path: Path) -> None:
+    table = hand_table()
+    study = tmp_path / "hand.yaml"
+    study.write_text(STUDY)
+    default = replay.spec_with(replay.STRATEGIES["default"], table, seed=3, default_study=study)
+    # TPE with Optuna's own start-up; median stopping from ceil(4/9 x 3 epochs) = epoch 2.
+    assert default.study.sampler == SamplerSpec(name="tpe", seed=3, options={})
+    assert default.study.pruner == PrunerSpec(name="median", options={"n_warmup_steps": 2})
+    ray = replay.spec_with(replay.STRATEGIES["ray-asha"], table, seed=0, default_study=study)
+    stopper = replay.stopper_for(ray, table)
+    assert type(stopper.scheduler).__name__ == "AsyncHyperBandScheduler"
+    run = replay.replay(table, ray, lookup=in_ask_order(), n_trials=4)
+    assert all(t.state in ("COMPLETE", "PRUNED") for t in run.trials) and len(run.trials) == 4
+    # The Ray backend's default: Tune's median stopping rule, first deciding at the epoch Optuna's
+    # median pruner first decides at (its n_warmup_steps), not one later.
+    ray_default = replay.spec_with(replay.STRATEGIES["ray-default"], table, seed=0, default_study=study)
+    scheduler = replay.stopper_for(ray_default, table).scheduler
+    assert type(scheduler).__name__ == "MedianStoppingRule" and scheduler._grace_period == 2
+    run = replay.replay(table, ray_default, lookup=in_ask_order(), n_trials=4)
+    assert [t.state for t in run.trials] == ["COMPLETE"] * 4  # too few trials for a median
+
+
+# -- the recorded table ----------------------------------------------------------------------
+
+TABLE = REPO / "bench/curves/table.json"
+
+
+def test_the_recorded_table_loads_and_covers_the_space_it_claims() -> None:
+    data: dict[str, Any] = json.loads(TABLE.read_text())
+    table = Table.load(TABLE)
+    assert len(table.configs) >= 128 and table.epochs >= 9
+    for config in table.configs:
+        assert len(config.values) == len(config.epoch_s) == table.epochs
+        assert all(0 <= v <= 1 for v in config.values) and config.test_accuracy is not None
+        assert all(s > 0 for s in config.epoch_s) and config.overhead_s > 0
+        for name, p in table.space.items():
+            assert p["low"] <= config.params[name] <= p["high"], (name, config.params)
+    # Each parameter's range is covered: every quarter of it (log-scaled where the space is) holds
+    # configurations (a random draw of 128 leaves one empty with probability under 1e-15).
+    # A power-of-two parameter is a choice: every value of it is drawn.
+    points = [table.scaled(c.params) for c in table.configs]
+    for axis, (name, p) in enumerate(table.space.items()):
+        if p.get("power_of_two"):
+            choices = {2**k for k in range(int(p["low"]).bit_length() - 1, int(p["high"]).bit_length())}
+            assert {c.params[name] for c in table.configs} == choices, name
+        else:
+            assert {min(3, int(point[axis] * 4)) for point in points} == {0, 1, 2, 3}, name
+    # The repeats: the same configurations under each other seed.
+    seeds = {row["seed"] for row in data["repeats"]}
+    assert len(seeds) >= 2
+    for seed in seeds:
+        rows = [row for row in data["repeats"] if row["seed"] == seed]
+        assert len(rows) >= 16
+        for row in rows:
+            assert row["params"] == next(c["params"] for c in data["configs"] if c["number"] == row["of"])
+    assert not math.isnan(sum(c.values[-1] for c in table.configs))
+
+
+def test_quartiles_of_a_target_not_always_reached_stay_infinite_where_they_touch_it() -> None:
+    assert replay._quartiles([1, 2, 3, 4, 5]) == {"q1": 2, "median": 3, "q3": 4}
+    assert replay._quartiles([0.2, 0.5, math.inf, 0.3]) == {"q1": 0.275, "median": 0.4, "q3": None}
+    assert replay._quartiles([1, math.inf, math.inf]) == {"q1": None, "median": None, "q3": None}
