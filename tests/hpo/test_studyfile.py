@@ -80,7 +80,7 @@ def test_quickstart_loads_with_resolved_values(tmp_path: Path, monkeypatch: pyte
     assert spec.study.metric == "val_accuracy"
     assert spec.study.direction == "maximize"  # implied by the metric
     assert spec.study.sampler.name == "tpe" and spec.study.sampler.options == {"n_startup_trials": 4}
-    assert spec.study.pruner.name == "successive_halving"
+    assert spec.study.pruner.name == "median" and spec.study.pruner.options == {"n_warmup_steps": 2}
     assert spec.study.timeout_min == 30
     assert spec.search_space["batch_size"].powers_of_two() == [64, 128, 256]
     assert spec.search_space["batch_size"].values_to_check() == [64, 128, 256]
@@ -106,6 +106,54 @@ def test_instances_do_not_share_mutable_defaults(tmp_path: Path) -> None:
     first.resources.setup.append("module load x")
     first.study.enqueue.append({})
     assert second.resources.setup == [] and second.study.enqueue == []
+
+
+@pytest.mark.parametrize(
+    ("base", "steps_key", "steps", "first_decision"),
+    [
+        (QUICKSTART, "trainer.epochs", 9, 4),
+        (QUICKSTART, "trainer.epochs", 16, 8),
+        (DLOJZ, "objective.steps", 3, 2),
+    ],
+)
+def test_a_study_file_without_sampler_and_pruner_gets_the_measured_defaults(
+    base: Path, steps_key: str, steps: int, first_decision: int, tmp_path: Path
+) -> None:
+    document = base_document(tmp_path, base)
+    del document["study"]["sampler"], document["study"]["pruner"]
+    set_key(document, steps_key, steps)
+    spec = load_study(write_study(tmp_path / "s.yaml", document))
+    # TPE with Optuna's 10 start-up trials; median stopping from 4/9 of the run (bench/replay.py).
+    assert (spec.study.sampler.name, spec.study.sampler.options) == ("tpe", {})
+    assert (spec.study.pruner.name, spec.study.pruner.options) == (
+        "median",
+        {"n_warmup_steps": first_decision},
+    )
+    # A pruner section without a name (empty, or one option set with --set) is the default too,
+    # with the options given; a median named explicitly keeps Optuna's own defaults.
+    for pruner, options in (
+        (None, {"n_warmup_steps": first_decision}),
+        ({}, {"n_warmup_steps": first_decision}),
+        ({"options": {"interval_steps": 2}}, {"n_warmup_steps": first_decision, "interval_steps": 2}),
+        ({"options": {"n_warmup_steps": 1}}, {"n_warmup_steps": 1}),
+        ({"name": "median"}, {}),
+    ):
+        document["study"]["pruner"] = pruner
+        spec = load_study(write_study(tmp_path / "s.yaml", document))
+        assert (spec.study.pruner.name, spec.study.pruner.options) == ("median", options), pruner
+    del document["study"]["pruner"]
+    # A multi-objective study cannot be pruned: without a pruner it gets none, not an error.
+    document["study"]["also_minimize"] = "cpu_hours"
+    assert load_study(write_study(tmp_path / "s.yaml", document)).study.pruner.name == "none"
+
+
+def test_the_default_pruner_warns_when_an_objective_does_not_say_its_steps(tmp_path: Path) -> None:
+    document = base_document(tmp_path, DLOJZ)
+    del document["study"]["pruner"]
+    assert load_study(write_study(tmp_path / "s.yaml", document)).warnings == []  # steps: 4
+    del document["objective"]["steps"]
+    (warning,) = load_study(write_study(tmp_path / "s.yaml", document)).warnings
+    assert "objective.steps: not set" in warning and "\n" not in warning
 
 
 def test_direction_follows_a_minimized_metric(tmp_path: Path) -> None:

@@ -66,9 +66,11 @@ def build_scheduler(spec: StudySpec, epochs: int) -> Any:
             reduction_factor=float(options.get("reduction_factor", 3)),
         )
     if name == "median":
+        # Optuna's first decision is at step n_warmup_steps, Ray's at time grace_period; epochs
+        # count from 1.
         return MedianStoppingRule(
             time_attr="training_iteration",
-            grace_period=float(options.get("n_warmup_steps", 0)) + 1,
+            grace_period=float(max(1, int(options.get("n_warmup_steps", 0)))),
             min_samples_required=int(options.get("n_startup_trials", 5)),
         )
     return FIFOScheduler()
