@@ -393,6 +393,7 @@ def replay(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study = optuna.create_study(
+            study_name="replay",  # Hyperband picks a trial's bracket from a hash of this name
             direction=spec.study.direction,
             sampler=search.build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source),
             pruner=search.build_pruner(spec.study.pruner, spec.source)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import subprocess
 import sys
 from datetime import datetime
@@ -120,6 +121,36 @@ def lookup_error(strategies: list[str], seeds: list[int], trials: int, table: re
     return out
 
 
+def machine_speed(result: dict[str, Any]) -> dict[str, Any]:
+    """The compute of the real runs in units of random search's on the same machine, beside the
+    replay's in units of its own random search's: the table was recorded on another machine (or
+    the same one on another day), whose seconds need not be this one's, and the replay's claims
+    are ratios to random search's compute."""
+    real_random = statistics.median(run["compute_s"] for run in result["strategies"]["random"]["real"])
+    out: dict[str, Any] = {"real_random_s": real_random, "strategies": {}}
+    for lookup in replay.LOOKUPS:
+        replay_random = statistics.median(
+            s["compute_s"] for s in result["strategies"]["random"]["replay"][lookup]
+        )
+        out.setdefault("real_over_replay", {})[lookup] = round(real_random / replay_random, 3)
+        for name, data in result["strategies"].items():
+            sample = [s["compute_s"] / replay_random for s in data["replay"][lookup]]
+            for run in data["real"]:
+                share = run["compute_s"] / real_random
+                inside = min(sample) <= share <= max(sample)
+                out["strategies"].setdefault(name, {}).setdefault(lookup, []).append(
+                    {"seed": run["seed"], "compute_share": round(share, 3),
+                     "replay_range": [round(min(sample), 3), round(max(sample), 3)],
+                     "percentile": round(percentile(share, sample), 3)}
+                )  # fmt: skip
+                print(f"{name} seed {run['seed']}: compute {share:.3f} of random search's on this machine; "
+                      f"replay ({lookup}) {min(sample):.3f}..{max(sample):.3f} of its own random search's "
+                      f"(percentile {percentile(share, sample):.0%}{'' if inside else ', OUTSIDE the range'})")  # fmt: skip
+    print("this machine's seconds against the recording's: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in out["real_over_replay"].items()))  # fmt: skip
+    return out
+
+
 def percentile(value: float, sample: list[float]) -> float:
     """Where ``value`` falls in ``sample``: the share below it, ties counted half."""
     below = sum(v < value for v in sample) + 0.5 * sum(v == value for v in sample)
@@ -179,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"  real seed {run['seed']}: {run['trials']} trials, {run['pruned']} pruned; "
                     + "; ".join(cells)
                 )
+    if "random" in result["strategies"]:
+        result["machine_speed"] = machine_speed(result)
     result["lookup_error"] = lookup_error(args.strategies, args.seeds, args.trials, table)
     RESULT.write_text(json.dumps(result, indent=1) + "\n")
     print(RESULT.relative_to(REPO))
