@@ -136,7 +136,8 @@ class StudySection:
         None,
         f"A cost minimized alongside the metric, making a multi-objective study whose result is a "
         f"Pareto front: one of {', '.join(COST_OBJECTIVES)} (the trial's own). Optuna cannot prune "
-        "such a study: set pruner to none.",
+        "such a study: it gets no pruner when it names none, and a named pruner other than none is "
+        "refused.",
     )
     sampler: Annotated[SamplerSpec, nested(SamplerSpec)] = field(
         factory=SamplerSpec, help="The sampler that proposes each trial's parameters."
