@@ -46,6 +46,11 @@ def _distribution(param: ParamSpec) -> BaseDistribution:
     return FloatDistribution(float(param.low or 0), float(param.high or 0), log=param.log, step=param.step)
 
 
+# What each sampler's Optuna class imports beyond Optuna (the `samplers` extra). Optuna imports
+# them lazily: without SciPy, gp fails at its 11th trial and qmc at its 2nd, mid-study.
+SAMPLER_PACKAGES: dict[str, tuple[str, ...]] = {"gp": ("scipy",), "qmc": ("scipy",), "cmaes": ("cmaes",)}
+
+
 def build_sampler(
     sampler: SamplerSpec, max_concurrent: int, source: str, seed_stream: int = 0
 ) -> optuna.samplers.BaseSampler:

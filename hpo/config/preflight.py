@@ -9,6 +9,7 @@ itself happen when it is opened (``hpo.storage.check_reachable``).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -31,6 +32,7 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
         from hpo import search
 
         search.validate_optuna_settings(spec)
+    check_sampler_installed(spec)
     if workers is not None:
         if workers < 1:
             raise StudyFileError(f"--workers: must be >= 1, got {workers}")
@@ -55,6 +57,20 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
         check_partition_capacity(spec, nodes, gpus, cpus)
     elif spec.objective is None:
         check_local_data(spec)
+
+
+def check_sampler_installed(spec: StudySpec) -> None:
+    """The packages the study's sampler imports, found before the study starts rather than when
+    Optuna first needs them (for gp, after its ten random start-up trials)."""
+    from hpo import search
+
+    name = spec.study.sampler.name
+    missing = [p for p in search.SAMPLER_PACKAGES.get(name, ()) if importlib.util.find_spec(p) is None]
+    if missing:
+        raise NotReadyError(
+            f"{spec.source}: study.sampler.name: {name} needs {', '.join(missing)}, which is not installed",
+            "pip install 'slurm-hpo[samplers]', or use sampler tpe or random",
+        )
 
 
 def check_folders(spec: StudySpec) -> None:

@@ -3,6 +3,7 @@ machine or service that is not ready exits 3, with a hint."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -96,3 +97,18 @@ def test_ray_ddp_trials_that_cannot_run_are_refused_in_one_line(tmp_path: Path) 
         [line] = proc.stderr.splitlines()
         assert line.startswith(f"hpo launch: error: {study_file}: resources.tasks_per_node: {problem}"), line
         assert not (tmp_path / f"work{index}").exists()
+
+
+def test_a_sampler_whose_package_is_missing_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    # The test environment has no SciPy (the `samplers` extra): Optuna's GPSampler would fail at
+    # its 11th trial, mid-study.
+    assert importlib.util.find_spec("scipy") is None
+    document = study_document("gp-sampler", tmp_path / "work")
+    document["study"]["sampler"] = {"name": "gp", "seed": 0}
+    study_file = write_study(tmp_path / "study.yaml", document)
+    proc = launch(study_file)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert f"{study_file}: study.sampler.name: gp needs scipy, which is not installed" in line
+    assert "(hint: pip install 'slurm-hpo[samplers]'" in line
+    assert "Traceback" not in proc.stderr and not (tmp_path / "work").exists()
