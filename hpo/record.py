@@ -255,9 +255,15 @@ def queue_retries(study: optuna.Study, max_retries: int) -> list[int]:
 
     trials = study.get_trials(deepcopy=False)
     already = retried_numbers(trials)
+    cancelled_at = cancel_requested_at(study)
     retried = []
     for trial in trials:
         if trial.state != optuna.trial.TrialState.FAIL or trial.number in already:
+            continue
+        ended = trial.datetime_complete
+        if cancelled_at and (ended is None or ended.timestamp() >= cancelled_at):
+            # Failed once hpo cancel had begun: its job was most likely the cancel's scancel, seen
+            # by the launcher before the cancel wrote its reason. A cancel is final.
             continue
         if trial.user_attrs.get(ATTR_SURPLUS) or trial.user_attrs.get(ATTR_NOT_RUN) or not trial.params:
             continue  # closed unrun, or failed before it had parameters: nothing to repeat

@@ -173,7 +173,8 @@ def slow_sbatch(tmp_path: Path, delay_s: float) -> dict[str, str]:
 def test_cancel_during_a_slow_submission_is_final(
     tmp_path: Path, fresh_database: str, fashion_mnist_root: str
 ) -> None:
-    document = slurm_study(tmp_path, n_trials=6, max_concurrent=4, epochs=3, max_steps_per_epoch=120)
+    # Trials far longer than the cancel takes (they are cancelled, so the test does not wait them out).
+    document = slurm_study(tmp_path, n_trials=6, max_concurrent=4, epochs=3, max_steps_per_epoch=400)
     study_file = write_study(tmp_path / "study.yaml", document)
     running = launcher(study_file, fresh_database, slow_sbatch(tmp_path, 4))
     # Right after the first submission is stored: the launcher is inside the second, slow sbatch.
