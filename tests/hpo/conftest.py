@@ -150,6 +150,18 @@ def sacct_states(job_ids: list[str]) -> dict[str, str]:
     return dict(line.split("|", 1) for line in proc.stdout.splitlines() if line)
 
 
+def final_sacct_states(job_ids: list[str], timeout: float = 60) -> dict[str, str]:
+    """The jobs' states once accounting has recorded their end: slurmdbd learns it a moment after
+    the job leaves squeue (seen: RUNNING in sacct with squeue already empty)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = sacct_states(job_ids)
+        unfinished = {"", "RUNNING", "PENDING", "COMPLETING", "REQUEUED"}
+        if not unfinished.intersection(states.get(j, "") for j in job_ids) or time.monotonic() > deadline:
+            return states
+        time.sleep(1)
+
+
 def max_overlap(trials: list[Any]) -> int:
     """The largest number of trials that were running at the same moment."""
     events = []

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from tests.hpo.conftest import (
+    final_sacct_states,
     launch_in_background,
     load_trials,
     run_hpo,
-    sacct_states,
     wait_for_trials,
     write_study,
 )
@@ -68,7 +68,9 @@ def test_the_unchanged_example_script_is_tuned_on_slurm_with_postgresql(
         assert steps == list(range(1, len(steps) + 1)), trial.intermediate_values  # its printed epochs
         assert len(steps) == 4 if trial.state.name == "COMPLETE" else len(steps) < 4
     pruned = [t for t in trials if t.state.name == "PRUNED"]
-    assert all(s == "COMPLETED" for s in sacct_states([t.user_attrs["job_id"] for t in pruned]).values())
+    assert all(
+        s == "COMPLETED" for s in final_sacct_states([t.user_attrs["job_id"] for t in pruned]).values()
+    )
     # No process of any trial is left: the commands name their checkpoint folders under tmp_path.
     assert _processes_with(str(tmp_path / "work" / "trials")) == []
 
@@ -169,7 +171,7 @@ def test_a_command_objective_runs_on_the_ray_backend_inside_one_slurm_job(
     while subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
         assert time.monotonic() < deadline, f"Ray job {job_id} still in squeue"
         time.sleep(1)
-    assert sacct_states([job_id]) == {job_id: "COMPLETED"}
+    assert final_sacct_states([job_id]) == {job_id: "COMPLETED"}
     good = trials[0]
     assert good.state.name == "COMPLETE" and sorted(good.intermediate_values) == [1, 2, 3, 4]
     assert good.value == good.intermediate_values[4]

@@ -23,10 +23,10 @@ import sqlalchemy
 
 from tests.hpo.conftest import (
     fault_line,
+    final_sacct_states,
     launch_in_background,
     load_trials,
     run_hpo,
-    sacct_states,
     study_document,
     wait_for_trials,
     write_study,
@@ -263,7 +263,7 @@ def test_a_database_outage_at_any_moment_of_a_study_loses_and_doubles_nothing(
         timeout=60,
     ).stdout.split()
     assert sorted(jobs_of_study) == sorted(job_ids), (jobs_of_study, job_ids)
-    states = sacct_states(job_ids)
+    states = final_sacct_states(job_ids)
     assert states.pop(str(victim.user_attrs["job_id"])) != "COMPLETED"
     assert set(states.values()) == {"COMPLETED"}, states
 
