@@ -7,7 +7,6 @@ import json
 import re
 import stat
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,11 @@ import pytest
 from tests.hpo.conftest import (
     GOOD,
     distinct_params,
+    final_sacct_states,
     launch_in_background,
     load_trials,
     max_overlap,
     run_hpo,
-    sacct_states,
     study_document,
     wait_for_trials,
     write_study,
@@ -182,12 +181,7 @@ def test_ddp_trial_across_two_nodes_reports_from_rank_0_and_is_pruned_without_ha
 
 
 def _wait_for_sacct(job_id: str, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        state = sacct_states([job_id]).get(job_id, "")
-        if state not in ("", "RUNNING", "PENDING", "COMPLETING") or time.monotonic() > deadline:
-            return state
-        time.sleep(1)
+    return final_sacct_states([job_id], timeout).get(job_id, "")
 
 
 def test_workers_on_a_fresh_postgresql_database_start_at_once_without_errors(
