@@ -207,13 +207,14 @@ def seed_noise(table: Table) -> list[tuple[list[float], float]]:
     return residuals
 
 
-def noisy_k_nearest(table: Table, params: dict[str, Any], k: int = 3) -> Recorded:
+def noisy_k_nearest(table: Table, params: dict[str, Any], k: int = 3, draw: int = 0) -> Recorded:
     """The surrogate of ``k_nearest`` plus one run's seed noise, drawn from the table's repeats:
     a landscape smooth between recorded points, as a new training run sees it, and a rerun of the
     same point that differs by what the training seed alone does. The weighted mean already
     carries part of its neighbours' noise (the sum of the squared weights); the residual adds the
     rest, so that one proposed configuration's curve has one run's noise. The draw depends only
-    on the parameters: a replay is deterministic, and two seeds' proposals differ as draws do."""
+    on the parameters: a replay is deterministic, and two seeds' proposals differ as draws do.
+    ``draw`` other than 0 picks another run's noise for the same parameters (another training seed)."""
     surrogate = k_nearest(table, params, k)
     residuals = table.noise()
     if not residuals:
@@ -222,6 +223,8 @@ def noisy_k_nearest(table: Table, params: dict[str, Any], k: int = 3) -> Recorde
     weights = np.array([1.0 / max(d, 1e-9) for d, _ in near])
     carried = float(((weights / weights.sum()) ** 2).sum())
     digest = zlib.crc32(repr([round(x, 9) for x in table.scaled(params)]).encode())
+    if draw:
+        digest = zlib.crc32(f"draw {draw}".encode(), digest)
     curve, test = residuals[int(np.random.default_rng(digest).integers(len(residuals)))]
     scale = math.sqrt(max(0.0, 1.0 - carried))
     return dataclasses.replace(
@@ -383,12 +386,14 @@ def replay(
     n_trials: int | None = None,
     compute_budget: float = math.inf,
     stop_when: Callable[[Replay, float], bool] | None = None,
+    initial_trials: Sequence[optuna.trial.FrozenTrial] = (),
 ) -> Replay:
     """Run the spec's sampler and pruner against the table with max_concurrent workers.
 
     New trials are asked while fewer than ``n_trials`` were and less than ``compute_budget`` was
     charged; ``stop_when(replay, compute spent)`` ends the study early (checked as each trial ends).
-    Running trials end.
+    Running trials end. ``initial_trials`` (finished trials of an earlier study: a warm start) are
+    added to the study before the first ask; they cost nothing and are not in the result.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -400,6 +405,8 @@ def replay(
             if spec.study.backend != "ray"
             else optuna.pruners.NopPruner(),
         )
+    for imported in initial_trials:
+        study.add_trial(imported)
     stopper = stopper_for(spec, table)
     distributions = search.distributions(spec)
     result = Replay(trials=[], events=[])

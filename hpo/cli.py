@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="submit K long-running worker jobs (one job array) that pull trials",
     )
     launch.add_argument(
+        "--enqueue-best-of",
+        metavar="STUDY",
+        help="run the best configurations of another study (same storage) first; sets "
+        "study.warm_start.enqueue_best_of",
+    )
+    launch.add_argument(
         "--allow-space-change",
         action="store_true",
         help="resume a stored study whose search space the file changed (where Optuna can still "

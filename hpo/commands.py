@@ -29,6 +29,7 @@ _OVERRIDE_OPTIONS = (
     ("backend", "study.backend"),
     ("n_trials", "study.n_trials"),
     ("max_concurrent", "study.max_concurrent"),
+    ("enqueue_best_of", "study.warm_start.enqueue_best_of"),
 )
 
 
@@ -48,6 +49,7 @@ class Request:
     n_trials: int | None = None
     max_concurrent: int | None = None
     workers: int | None = None
+    enqueue_best_of: str | None = None
     dry_run: bool = False
     detach: bool = False
     allow_space_change: bool = False

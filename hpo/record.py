@@ -86,6 +86,15 @@ STUDY_ATTR_DEFINITION = "hpo_definition"
 """What gives the study's values their meaning (hpo.search.definition): a relaunch is checked
 against it."""
 ATTR_RETRY_OF = "retry_of"
+# A trial imported from an earlier study by a warm start ("study name"): the sampler learns from it;
+# it was not run here, so it counts in neither the trial budget nor the compute budget, and is never
+# this study's best.
+ATTR_IMPORTED_FROM = "imported_from"
+# The study's compute budget spent, as the launcher last measured it (GPU- or CPU-hours), and why
+# the study stopped before its budget (a stop rule), with what that saved.
+STUDY_ATTR_SPENT = "hpo_spent_hours"
+STUDY_ATTR_STOPPED = "hpo_stopped"
+STUDY_ATTR_WARM_STARTED = "hpo_warm_started_from"
 """The number of the failed trial a retry repeats."""
 # Population Based Training (Ray backend): what PBT changed, and the values a member ended with.
 ATTR_SCHEDULE = "pbt_schedule"
@@ -296,8 +305,8 @@ def queue_retries(study: optuna.Study, max_retries: int) -> list[int]:
 
 
 def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The trials that use up the budget: all of them, except surplus ones closed unrun and
-    failed ones whose retry (queued or run) takes their place."""
+    """The trials that use up the budget: all of them, except surplus ones closed unrun, imported
+    ones, and failed ones whose retry (queued or run) takes their place."""
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
     return [
@@ -305,8 +314,49 @@ def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
         for t in trials
         if not t.user_attrs.get(ATTR_SURPLUS)
         and not t.user_attrs.get(ATTR_NOT_RUN)
+        and ATTR_IMPORTED_FROM not in t.user_attrs
         and t.number not in retried
     ]
+
+
+def own_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The trials this study ran or will run: not surplus, not imported by a warm start."""
+    return [t for t in study.get_trials(deepcopy=False) if is_own(t)]
+
+
+def is_own(trial: optuna.trial.FrozenTrial) -> bool:
+    return not trial.user_attrs.get(ATTR_SURPLUS) and ATTR_IMPORTED_FROM not in trial.user_attrs
+
+
+def imported_count(study: optuna.Study) -> int:
+    return sum(1 for t in study.get_trials(deepcopy=False) if ATTR_IMPORTED_FROM in t.user_attrs)
+
+
+def stopped(study: optuna.Study) -> dict[str, Any] | None:
+    """Why a stop rule ended the study (``reason``, ``at_trial``, ``saved``), or None."""
+    value = study.user_attrs.get(STUDY_ATTR_STOPPED)
+    return dict(value) if value else None
+
+
+def store_stopped(study: optuna.Study, reason: str, at_trial: int, saved: str) -> None:
+    study.set_user_attr(
+        STUDY_ATTR_STOPPED,
+        {
+            "reason": reason,
+            "at_trial": at_trial,
+            "saved": saved,
+            "at": datetime.now(timezone.utc).timestamp(),
+        },
+    )
+
+
+def spent_hours(study: optuna.Study) -> float | None:
+    value = study.user_attrs.get(STUDY_ATTR_SPENT)
+    return None if value is None else float(value)
+
+
+def store_spent_hours(study: optuna.Study, hours: float) -> None:
+    study.set_user_attr(STUDY_ATTR_SPENT, round(hours, 6))
 
 
 def retried_numbers(trials: list[optuna.trial.FrozenTrial]) -> set[int]:
@@ -359,22 +409,35 @@ def metric_value(trial: optuna.trial.FrozenTrial) -> float | None:
 def best_trial(study: optuna.Study, spec: StudySpec) -> optuna.trial.FrozenTrial | None:
     """The best trial; in a multi-objective study, the one of the Pareto front best in the metric."""
     if not spec.study.also_minimize:
-        try:
-            return study.best_trial
-        except ValueError:
+        complete = [
+            t
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if is_own(t) and t.values and not _infeasible(t)
+        ]
+        if not complete:
             return None
-    front = study.best_trials
+        pick = max if spec.study.direction == "maximize" else min
+        return pick(complete, key=lambda t: t.values[0])
+    front = [t for t in study.best_trials if is_own(t)]
     if not front:
         return None
     pick = max if spec.study.direction == "maximize" else min
     return pick(front, key=lambda t: t.values[0])
 
 
+def _infeasible(trial: optuna.trial.FrozenTrial) -> bool:
+    return bool(trial.user_attrs.get(ATTR_INFEASIBLE))
+
+
 def pareto_front(study: optuna.Study, spec: StudySpec) -> list[optuna.trial.FrozenTrial]:
     """The multi-objective study's non-dominated trials, best metric first; [] for one objective."""
     if not spec.study.also_minimize:
         return []
-    return sorted(study.best_trials, key=lambda t: t.values[0], reverse=spec.study.direction == "maximize")
+    return sorted(
+        [t for t in study.best_trials if is_own(t)],
+        key=lambda t: t.values[0],
+        reverse=spec.study.direction == "maximize",
+    )
 
 
 def format_params(params: dict[str, Any]) -> str:

@@ -109,6 +109,77 @@ class PrunerSpec:
 
 
 @config_dataclass()
+class StopSpec:
+    patience: int | None = field(
+        None,
+        "End the study once this many completed trials in a row brought no improvement of the best "
+        "value larger than min_improvement.",
+        ge=1,
+    )
+    min_improvement: float = field(
+        0.0, "With patience: the smallest change of the best value that counts as one.", ge=0
+    )
+    terminator: bool = field(
+        False,
+        "End the study once Optuna's Terminator judges it converged: the regret bound of a Gaussian "
+        "process fitted to the completed trials is below the metric's noise (needs SciPy: the "
+        "samplers extra).",
+    )
+    noise: float | None = field(
+        None,
+        "With terminator: the metric's noise, e.g. its standard deviation over training seeds "
+        "(default: Optuna's estimate from the study's first trials).",
+        gt=0,
+    )
+    min_trials: int = field(5, "Completed trials of this study before a stop rule may end it.", ge=2)
+
+    def __post_init__(self) -> None:
+        if self.patience is None and self.min_improvement:
+            raise _KeyProblem("min_improvement", "applies with patience; set patience too")
+        if not self.terminator and self.noise is not None:
+            raise _KeyProblem("noise", "applies to the terminator; set terminator: true too")
+
+    @property
+    def active(self) -> bool:
+        return self.patience is not None or self.terminator
+
+
+@config_dataclass()
+class WarmStartSpec:
+    studies: list[str] = field(
+        factory=list,
+        help="Earlier studies whose finished trials seed this one: imported as completed trials "
+        "(marked imported, counted in no budget, never re-run, never this study's best).",
+    )
+    enqueue_best_of: str | None = field(
+        None,
+        "An earlier study whose best configurations this study runs first, as its own trials "
+        "(hpo launch --enqueue-best-of STUDY).",
+    )
+    enqueue_best: int = field(3, "How many of that study's best configurations.", ge=1)
+    storage: str | None = field(
+        None, "Where those studies live, if not in this study's storage (a storage URL)."
+    )
+    rescale_lr: bool = field(
+        True,
+        "Rescale an imported lr by the linear rule when its trial's global batch (batch_size x "
+        "ranks) differs from what it is here.",
+    )
+
+    def __post_init__(self) -> None:
+        for index, name in enumerate(self.studies):
+            _safe_name(f"studies[{index}]", name)
+        if self.enqueue_best_of is not None:
+            _safe_name("enqueue_best_of", self.enqueue_best_of)
+        if self.storage is not None and not (self.studies or self.enqueue_best_of):
+            raise _KeyProblem("studies", "is empty: name the studies to warm-start from")
+
+    @property
+    def sources(self) -> list[str]:
+        return [*self.studies, *([self.enqueue_best_of] if self.enqueue_best_of else [])]
+
+
+@config_dataclass()
 class StudySection:
     name: str = field(help="Study name, unique in its storage ([A-Za-z0-9._-]).")
     storage: str | None = field(
@@ -159,9 +230,27 @@ class StudySection:
     enqueue: list[dict[str, Any]] = field(
         factory=list, help="Parameter sets to try first (e.g. the current hand-tuned one)."
     )
+    budget: float | None = field(
+        None,
+        "Compute budget in GPU-hours (CPU-hours when trials have no GPU), earlier launches "
+        "included: no trial is submitted once the hours spent plus the expected cost of the "
+        "trials in flight and of one more trial would pass it. Whichever of n_trials, timeout "
+        "and budget is reached first ends the study.",
+        gt=0,
+    )
+    stop: Annotated[StopSpec, nested(StopSpec)] = field(
+        factory=StopSpec,
+        help="End the study early once it stops improving (a patience rule, Optuna's Terminator).",
+    )
+    warm_start: Annotated[WarmStartSpec, nested(WarmStartSpec)] = field(
+        factory=WarmStartSpec, help="Seed the study with the finished trials of earlier studies."
+    )
 
     def __post_init__(self) -> None:
         _safe_name("name", self.name)
+        if self.name in self.warm_start.sources and self.warm_start.storage is None:
+            key = "studies" if self.name in self.warm_start.studies else "enqueue_best_of"
+            raise _KeyProblem(f"warm_start.{key}", f"names this study itself ({self.name!r})")
         if not _NAME.fullmatch(self.metric):
             raise _KeyProblem("metric", f"must be a name (letters, digits and _), got {self.metric!r}")
         if self.direction is None and self.metric in METRICS:

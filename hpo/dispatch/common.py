@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import record, search
+from hpo import record, search, warm_start
+from hpo.budget import stopping
+from hpo.budget.compute import BudgetGate
 from hpo.dispatch.lease import Lease
 from hpo.observe.progress import Progress
 from hpo.slurm import executors
@@ -81,6 +83,8 @@ def open_study(
     before anything is written), its metric named. Returns the study and the opened storage (the
     Ray backend's searcher writes through the same one)."""
     backend = check_reachable(storage, spec.source)
+    # The studies a warm start reads are checked before this one is created (bad input: exit 2).
+    warm_start.plan(spec, storage)
     study = search.load(spec, backend, create=True)
     search.check_direction(study, spec)
     if search.check_definition(study, spec, allow_space_change=allow_space_change):
@@ -137,23 +141,55 @@ class Dispatcher:
         self.best: float | None = None
         self.progress = progress
         self.claim = claim
-        self.cancel_seen = False
         """The study's launcher lease, confirmed before each submission."""
+        self.cancel_seen = False
+        self.budget = BudgetGate(spec, study)
+        self.stop_verdict: stopping.Verdict | None = None
+        self.trials_ended = 0
+        """Trials seen ending by this launcher: the stop rules and the budget look again when it grows."""
+        self._stop_checked_at = -1
 
     def _accepting(self) -> bool:
-        """Whether new trials may start: not past the timeout, no `hpo cancel` since this launch.
-        Asked between submissions only, so that a cancel it sees is acknowledged to `hpo cancel`
-        (which waits for that) with no submission under way."""
+        """Whether new trials may start: not past the timeout, no `hpo cancel` since this launch,
+        the compute budget not reached, no stop rule met. Asked between submissions only, so that
+        a cancel it sees is acknowledged to `hpo cancel` (which waits for that) with no submission
+        under way."""
         if self.deadline is not None and time.time() >= self.deadline:
             return False
         requested = record.cancel_requested_at(self.study)
-        if requested < self.started:
+        if requested >= self.started:
+            if not self.cancel_seen:
+                record.acknowledge_cancel(self.study, requested)
+                self.cancel_seen = True
+                self.log("hpo cancel: submitting no more trials")
+            return False
+        if self._stop_rule_met():
+            return False
+        if not self.budget.allows_another(self.trials_ended):
+            line = self.budget.exhausted_line()
+            if line:
+                self.log(line)
+            return False
+        return True
+
+    def _stop_rule_met(self) -> bool:
+        """The study's stop rules, read again each time a trial has ended; a verdict is final for
+        this launch, printed once and stored on the study with what it saved."""
+        if self.stop_verdict is not None:
             return True
-        if not self.cancel_seen:
-            record.acknowledge_cancel(self.study, requested)
-            self.cancel_seen = True
-            self.log("hpo cancel: submitting no more trials")
-        return False
+        if not self.spec.study.stop.active:
+            return False
+        if self.trials_ended == self._stop_checked_at:
+            return False
+        self._stop_checked_at = self.trials_ended
+        verdict = stopping.check(self.study, self.spec)
+        if verdict is None:
+            return False
+        self.stop_verdict = verdict
+        saved = stopping.saving(self.study, self.spec)
+        record.store_stopped(self.study, verdict.reason, verdict.at_trial, saved)
+        self.log(f"stop rule met after trial {verdict.at_trial}: {verdict.reason}; saved {saved}")
+        return True
 
     def _take_over_running_trials(self, per_trial: bool) -> set[str]:
         """Deal with the trials a previous launcher left RUNNING: re-attach per-trial jobs that
@@ -211,6 +247,7 @@ class Dispatcher:
             record.fail(self.study, number, reason)
 
     def _report(self, trial: optuna.trial.FrozenTrial) -> None:
+        self.trials_ended += 1
         state = trial.state.name
         if state == "COMPLETE" and trial.values and not trial.user_attrs.get(record.ATTR_INFEASIBLE):
             value = trial.values[0]
@@ -266,9 +303,7 @@ def worker_entry(job: Any, executor: str) -> InFlight:
 
 def summarize(study: optuna.Study, spec: StudySpec, log: Log = print) -> LaunchSummary:
     counts: dict[str, int] = {}
-    for trial in study.get_trials(deepcopy=False):
-        if trial.user_attrs.get(record.ATTR_SURPLUS):
-            continue
+    for trial in record.own_trials(study):
         counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
     summary = LaunchSummary(counts=counts, best_number=None, best_value=None, best_params={})
     log("trials: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))

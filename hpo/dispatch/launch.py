@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from hpo import record
+from hpo import record, warm_start
 from hpo.dispatch import lease
 from hpo.dispatch.common import LaunchOptions, LaunchSummary, Log, open_study, queue_retries, summarize
 from hpo.dispatch.per_trial import PerTrialDispatcher
@@ -41,6 +41,8 @@ def _launch_held(
     backend: BaseStorage,
     claim: lease.Lease,
 ) -> LaunchSummary:
+    # Under the lease: two launchers never import the same study twice.
+    warm_start.apply(spec, study, warm_start.plan(spec, storage, study), log)
     stored = len(record.counted_trials(study))
     enqueued = record.enqueue_first_trials(study, spec)
     log(

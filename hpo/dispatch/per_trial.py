@@ -103,6 +103,7 @@ class PerTrialDispatcher(Dispatcher):
             job,
         )
         self.in_flight.append(entry)
+        self.budget.submitted()
         retry_of = trial.user_attrs.get(record.ATTR_RETRY_OF)
         self.log(
             f"trial {trial.number} submitted as {self.options.executor} job {job.job_id}: {record.format_params(trial.params)}"

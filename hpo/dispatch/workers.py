@@ -84,7 +84,7 @@ class WorkerDispatcher(Dispatcher):
         for trial in self.study.get_trials(deepcopy=False):
             if trial.state.is_finished() and trial.number not in seen:
                 seen.add(trial.number)
-                if not trial.user_attrs.get(record.ATTR_SURPLUS):
+                if record.is_own(trial):
                     self._report(trial)
                     failed = failed or trial.state.name == "FAIL"
         if failed:

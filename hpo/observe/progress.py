@@ -18,7 +18,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, TextIO
 
 from hpo import record
@@ -125,21 +124,17 @@ class Progress:
         res = self.spec.resources
         unit = "GPU-hours" if res.gpus_per_node else "CPU-hours"
         total = 0.0
-        for t in trials:
-            if t.state.name == "WAITING":
-                continue
-            usage = accounting.trial_estimate(self.spec, t)
-            if t.state.name == "RUNNING":
-                # From when its job started: a job waiting in the queue costs nothing yet.
-                started = t.user_attrs.get(record.ATTR_STARTED_AT)
-                seconds = (
-                    (datetime.now(timezone.utc) - datetime.fromisoformat(started)).total_seconds()
-                    if started
-                    else 0.0
-                )
-                usage = accounting.Usage(max(0.0, seconds), usage.gpus, usage.cpus, measured=False)
-            total += usage.gpu_hours if res.gpus_per_node else usage.cpu_hours
-        return f"{accounting.format_hours(total)} {unit} used"
+        for t in record.own_trials(self.study):  # failed trials that were retried cost too
+            if t.state.name != "WAITING":
+                usage = accounting.trial_estimate(self.spec, t)
+                total += usage.gpu_hours if res.gpus_per_node else usage.cpu_hours
+        limit = self.spec.study.budget
+        if limit is None:
+            return f"{accounting.format_hours(total)} {unit} used"
+        # The launcher's budget measure (sacct's figures for Slurm jobs), when it has one.
+        total = record.spent_hours(self.study) or total
+        left = max(0.0, limit - total)
+        return f"{accounting.format_hours(total)} of {accounting.format_hours(limit)} {unit} used ({accounting.format_hours(left)} left)"
 
     def _time_left(self, trials: list[optuna.trial.FrozenTrial], done: int) -> str:
         remaining = self.spec.study.n_trials - done

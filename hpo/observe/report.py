@@ -22,6 +22,7 @@ from optuna import visualization as vis
 from optuna.visualization import matplotlib as vis_mpl
 
 from hpo import record, search
+from hpo.budget import stopping
 from hpo.errors import LaunchError, NotReadyError, StudyFileError
 from hpo.observe import views
 from hpo.paths import private_dir
@@ -43,7 +44,7 @@ def write_report(spec: StudySpec, study: optuna.Study, out: Path) -> list[Path]:
         raise NotReadyError(
             f"hpo report needs {err.name}, which is not installed", "pip install 'slurm-hpo[report]'"
         ) from None
-    trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(record.ATTR_SURPLUS)]
+    trials = record.own_trials(study)
     if not trials:
         raise LaunchError(f"study {spec.study.name!r} has no trial yet: nothing to report")
     try:
@@ -255,7 +256,12 @@ def _write_summary(
             if cost.measured
             else "estimates (elapsed time x resources) where not from sacct",
             "per_trial": {str(n): cost.of(u) for n, u in sorted(cost.per_trial.items())},
+            "budget": spec.study.budget,
+            "left": None if spec.study.budget is None else max(0.0, spec.study.budget - cost.total),
         },
+        "stopped": record.stopped(study),
+        "terminator": stopping.terminator_evaluation(study),
+        "imported_trials": record.imported_count(study),
     }
     path.write_text(json.dumps(summary, indent=2) + "\n")
     return path
@@ -294,7 +300,7 @@ Metric: {html.escape(spec.study.metric)} ({html.escape(str(spec.study.direction)
 <h2 id="best">Best configuration</h2>
 <pre>{html.escape(chr(10).join(best_lines))}</pre>
 <h2 id="cost">Cost</h2>
-<p>{html.escape(views.cost_line(cost))}</p>
+<p>{"<br>".join(html.escape(line) for line in [views.cost_line(cost), *views.ending_lines(spec, study, cost)])}</p>
 {chr(10).join(sections)}
 <h2 id="trials">Trials</h2>
 <pre>{html.escape(status)}</pre>

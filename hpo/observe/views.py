@@ -16,6 +16,7 @@ import optuna
 from submitit.core.utils import JobPaths
 
 from hpo import record, search
+from hpo.budget import stopping
 from hpo.config.command import render
 from hpo.dispatch.lease import Lease
 from hpo.errors import LaunchError, NotReadyError, StudyFileError
@@ -61,13 +62,15 @@ def _unreachable(spec: StudySpec, ref: StorageRef, err: BaseException) -> NotRea
 
 def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCost | None = None) -> list[str]:
     """The status table; ``cost`` when the caller already has it (one sacct call, not two)."""
-    trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(record.ATTR_SURPLUS)]
+    trials = record.own_trials(study)
     counts = Counter(t.state.name for t in trials)
     # The budget's count: retried failures and trials never submitted are shown, not counted.
     counted = len(record.counted_trials(study))
+    imported = record.imported_count(study)
     lines = [
         f"study {spec.study.name}: {counted} of {spec.study.n_trials} trials; "
-        + ", ".join(f"{counts[s]} {s}" for s in sorted(counts)),
+        + ", ".join(f"{counts[s]} {s}" for s in sorted(counts))
+        + (f"; {imported} imported by a warm start (not listed, not counted)" if imported else ""),
     ]
     cost = cost or accounting.study_cost(spec, trials)
     unit = "GPU-h" if cost.unit == "GPU-hours" else "CPU-h"
@@ -106,6 +109,31 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
     lines.append(cost_line(cost))
+    lines.extend(ending_lines(spec, study, cost))
+    return lines
+
+
+def ending_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCost) -> list[str]:
+    """The compute budget spent and left, a stop rule's verdict, the Terminator's last look."""
+    lines = []
+    if spec.study.budget is not None:
+        left = max(0.0, spec.study.budget - cost.total)
+        lines.append(
+            f"budget: {accounting.format_hours(cost.total)} of {accounting.format_hours(spec.study.budget)} "
+            f"{cost.unit} spent, {accounting.format_hours(left)} left"
+        )
+    stopped = record.stopped(study)
+    if stopped:
+        lines.append(
+            f"stopped after trial {stopped['at_trial']}: {stopped['reason']}; saved {stopped['saved']}"
+        )
+    look = stopping.terminator_evaluation(study)
+    if look:
+        decision = "stop" if look["stop"] else "go on"
+        lines.append(
+            f"terminator after trial {look['at_trial']} ({look['complete_trials']} complete): regret "
+            f"bound {look['regret_bound']:.4g} vs noise {look['noise']:.4g}: {decision}"
+        )
     return lines
 
 

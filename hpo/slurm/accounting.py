@@ -16,7 +16,7 @@ import dataclasses
 import os
 import subprocess
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 from hpo import record
@@ -122,10 +122,15 @@ def own_allocation(spec: StudySpec) -> tuple[int, int]:
 
 
 def trial_estimate(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> Usage:
-    """The trial's own elapsed time times what one trial gets (shared or local jobs)."""
+    """The trial's own elapsed time times what one trial gets (shared or local jobs); a running
+    trial's time since it started (a job still waiting in the queue costs nothing yet)."""
     res = spec.resources
     seconds = trial.user_attrs.get(record.ATTR_ELAPSED_S)
-    if seconds is None and trial.duration is not None:
+    if seconds is None and trial.state.name == "RUNNING":
+        started = trial.user_attrs.get(record.ATTR_STARTED_AT)
+        if started:
+            seconds = max(0.0, (datetime.now(timezone.utc) - datetime.fromisoformat(started)).total_seconds())
+    elif seconds is None and trial.duration is not None:
         seconds = trial.duration.total_seconds()
     ranks = res.tasks_per_node if spec.study.backend == "ray" else res.world_size
     gpus = res.gpus_per_node * (1 if spec.study.backend == "ray" else res.nodes)
@@ -144,7 +149,7 @@ def study_cost(spec: StudySpec, trials: Sequence[optuna.trial.FrozenTrial]) -> S
     study_gpus = spec.resources.gpus_per_node * spec.resources.nodes
     per_trial: dict[int, Usage] = {}
     for trial in trials:
-        if trial.state.name == "WAITING" or trial.user_attrs.get(record.ATTR_SURPLUS):
+        if trial.state.name == "WAITING" or not record.is_own(trial):
             continue
         job = own_job.get(trial.number, "")
         usage = measured[job] if job in measured else trial_estimate(spec, trial)

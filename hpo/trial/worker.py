@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from submitit.core.utils import UncompletedJobError
 
 from hpo import record, search
+from hpo.budget import compute
 from hpo.storage import StorageRef, open_storage, with_retries
 from hpo.trial import retries
 from hpo.trial.objective import Objective, TrainerObjective
@@ -56,6 +57,14 @@ class WorkerTask:
             if self.deadline_unix is not None and time.time() >= self.deadline_unix:
                 break
             if record.cancel_requested_at(study) >= self.started:
+                break
+            stopped = record.stopped(study)
+            if stopped and float(stopped.get("at", 0)) >= self.started:
+                print(f"worker stops: stop rule met ({stopped['reason']})", flush=True)
+                break
+            spending = compute.measure(self.spec, study.get_trials(deepcopy=False))
+            if spending is not None and not spending.allows_another:
+                print(f"worker stops: compute budget reached: {spending.line()}", flush=True)
                 break
             if self.time_limit_min is not None:
                 left_s = job_started + 60 * self.time_limit_min - time.time()

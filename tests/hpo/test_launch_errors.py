@@ -100,15 +100,16 @@ def test_ray_ddp_trials_that_cannot_run_are_refused_in_one_line(tmp_path: Path) 
 
 
 def test_a_sampler_whose_package_is_missing_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    # The test environment has no SciPy (the `samplers` extra): Optuna's GPSampler would fail at
-    # its 11th trial, mid-study.
-    assert importlib.util.find_spec("scipy") is None
-    document = study_document("gp-sampler", tmp_path / "work")
-    document["study"]["sampler"] = {"name": "gp", "seed": 0}
+    # The test environment has no cmaes package (the `samplers` extra): Optuna imports it when the
+    # CmaEsSampler first samples, after its random start-up trials, mid-study (as GPSampler does
+    # SciPy).
+    assert importlib.util.find_spec("cmaes") is None
+    document = study_document("cmaes-sampler", tmp_path / "work")
+    document["study"]["sampler"] = {"name": "cmaes", "seed": 0}
     study_file = write_study(tmp_path / "study.yaml", document)
     proc = launch(study_file)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     [line] = proc.stderr.splitlines()
-    assert f"{study_file}: study.sampler.name: gp needs scipy, which is not installed" in line
+    assert f"{study_file}: study.sampler.name: cmaes needs cmaes, which is not installed" in line
     assert "(hint: pip install 'slurm-hpo[samplers]'" in line
     assert "Traceback" not in proc.stderr and not (tmp_path / "work").exists()

@@ -219,8 +219,10 @@ def test_a_database_outage_at_any_moment_of_a_study_loses_and_doubles_nothing(
     # service's back, as the kernel's OOM killer or a crash would): the launcher is storing its fail
     # reason when the server goes away. SIGKILL, not scancel's TERM: submitit ignores TERM, and a
     # trial would finish its epochs within Slurm's KillWait.
-    def later(trials: list[Any]) -> list[Any]:  # mid-run: an epoch reported, the last one not yet
-        return [t for t in running(trials) if t.number >= 2 and len(t.intermediate_values) < 3]
+    def later(trials: list[Any]) -> list[Any]:
+        # Early in its run: one epoch of four reported, so that the kill lands well before its end
+        # (a trial seen with two or three epochs has finished before the signal on a quiet machine).
+        return [t for t in running(trials) if t.number >= 2 and len(t.intermediate_values) == 1]
 
     [victim, *_] = later(wait_for_trials(document, database, launcher, lambda trials: bool(later(trials))))
     subprocess.run(

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import record
+from hpo import record, warm_start
 from hpo.dispatch.common import open_study
 from hpo.dispatch.ray import ddp_trial, optuna_search, population
 from hpo.paths import checkpoint_dir
@@ -157,6 +157,7 @@ def run(
     started = time.time()  # an `hpo cancel` from before this launch does not stop it
     study, backend = open_study(spec, storage, reseed=False, allow_space_change=allow_space_change)
     leftovers = fail_leftovers(study)
+    warm_start.apply(spec, study, warm_start.plan(spec, storage, study), log)
     record.enqueue_first_trials(study, spec)
     remaining = spec.study.n_trials - record.started_count(study)
     log(f"study {spec.study.name!r}: {spec.study.n_trials - remaining} of {spec.study.n_trials} trials stored"

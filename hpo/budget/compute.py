@@ -1,0 +1,120 @@
+"""The compute budget (``study.budget``): GPU-hours, or CPU-hours where trials have no GPU.
+
+Spent is what the study's own trials cost, earlier launches included (imported warm-start trials
+cost nothing here): sacct's figures for per-trial Slurm jobs, finished or running, else each
+trial's own elapsed time times what one trial gets (``hpo.slurm.accounting``). A trial still in
+flight is expected to cost what the finished trials cost on average (pruned ones included, so
+pruning's saving counts); a trial is submitted only if the hours spent, plus what the trials in
+flight are still expected to cost, plus one more trial's expected cost stay within the budget.
+The study therefore ends within about one trial's cost of its budget, below it unless trials
+cost more than the earlier ones did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING
+
+import optuna
+
+from hpo import record
+from hpo.slurm import accounting
+
+if TYPE_CHECKING:
+    from hpo.config import StudySpec
+
+REMEASURE_S = 10.0
+"""How often a budget that holds submissions back is measured again while no trial ends
+(sacct is asked at most that often)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Spending:
+    unit: str
+    limit: float
+    spent: float
+    """Hours the study's own trials used so far, running ones included."""
+    committed: float
+    """What the running trials are still expected to cost on top."""
+    per_trial: float | None
+    """The expected cost of one more trial; None before any trial finished."""
+    measured: bool
+    """Every figure of ``spent`` came from sacct."""
+
+    @property
+    def left(self) -> float:
+        return max(0.0, self.limit - self.spent)
+
+    @property
+    def allows_another(self) -> bool:
+        return self.spent + self.committed + (self.per_trial or 0.0) <= self.limit
+
+    def line(self) -> str:
+        source = "sacct" if self.measured else "estimate"
+        return (
+            f"{accounting.format_hours(self.spent)} of {accounting.format_hours(self.limit)} "
+            f"{self.unit} spent [{source}], {accounting.format_hours(self.left)} left"
+        )
+
+
+def measure(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> Spending | None:
+    """The study's spending against its budget; None for a study without one."""
+    if spec.study.budget is None:
+        return None
+    own = [t for t in trials if record.is_own(t) and t.state.name != "WAITING"]
+    cost = accounting.study_cost(spec, own)
+    finished = [
+        cost.of(cost.per_trial[t.number])
+        for t in own
+        if t.state.is_finished() and t.number in cost.per_trial and not t.user_attrs.get(record.ATTR_NOT_RUN)
+    ]
+    per_trial = sum(finished) / len(finished) if finished else None
+    committed = 0.0
+    if per_trial is not None:
+        for t in own:
+            if t.state.name == "RUNNING" and t.number in cost.per_trial:
+                committed += max(0.0, per_trial - cost.of(cost.per_trial[t.number]))
+    return Spending(cost.unit, spec.study.budget, cost.total, committed, per_trial, cost.measured)
+
+
+class BudgetGate:
+    """The launcher's question before each submission: does the budget allow another trial?
+    Measured again when a trial has ended since, or every ``REMEASURE_S`` while none ends."""
+
+    def __init__(self, spec: StudySpec, study: optuna.Study) -> None:
+        self.spec = spec
+        self.study = study
+        self.last: Spending | None = None
+        self._measured_at = float("-inf")
+        self._ended_seen = -1
+        self._announced = False
+
+    def submitted(self) -> None:
+        """A trial was just submitted: the next question measures again (it is in flight now)."""
+        self._measured_at = float("-inf")
+
+    def allows_another(self, trials_ended: int) -> bool:
+        """``trials_ended``: how many trials the caller has seen end (a change measures again)."""
+        if self.spec.study.budget is None:
+            return True
+        now = time.monotonic()
+        if trials_ended != self._ended_seen or now - self._measured_at >= REMEASURE_S:
+            self.last = measure(self.spec, self.study.get_trials(deepcopy=False))
+            self._ended_seen, self._measured_at = trials_ended, now
+            assert self.last is not None
+            record.store_spent_hours(self.study, self.last.spent)
+        assert self.last is not None
+        return self.last.allows_another
+
+    def exhausted_line(self) -> str | None:
+        """Once, when the budget stops submissions: what was spent and what is left."""
+        if self._announced or self.last is None or self.last.allows_another:
+            return None
+        self._announced = True
+        expected = (
+            f"; one more trial would cost ~{accounting.format_hours(self.last.per_trial)}"
+            if self.last.per_trial is not None
+            else ""
+        )
+        return f"compute budget reached: {self.last.line()}{expected}: submitting no more trials"
