@@ -105,7 +105,9 @@ def apply(spec: StudySpec, study: optuna.Study, planned: Plan, log: Any = print)
         log(
             f"warm start: imported {len(trials)} completed trials of study {name!r} (not counted in the budget)"
         )
-    if planned.enqueue:
+    room = spec.study.n_trials - record.started_count(study)
+    if planned.enqueue and room > 0:
+        planned.enqueue = planned.enqueue[:room]  # a queued trial beyond the budget would never run
         for params in planned.enqueue:
             study.enqueue_trial(params, skip_if_exists=True)
         best_of = spec.study.warm_start.enqueue_best_of

@@ -54,7 +54,9 @@ def test_a_cpu_hour_budget_ends_the_study_within_one_trial_of_it(tmp_path: Path,
     one_trial = max(spent.values())
     total = sum(spent.values())
     assert BUDGET_CPU_H - one_trial <= total <= BUDGET_CPU_H + one_trial, (total, one_trial, spent)
-    print(f"\nbudget {BUDGET_CPU_H} CPU-h: {len(trials)} trials, {total:.4f} CPU-h by sacct (one trial <= {one_trial:.4f})")
+    print(
+        f"\nbudget {BUDGET_CPU_H} CPU-h: {len(trials)} trials, {total:.4f} CPU-h by sacct (one trial <= {one_trial:.4f})"
+    )
 
     status = run_hpo("status", str(study_file), "--storage", fresh_database)
     assert status.returncode == 0, status.stderr
