@@ -80,6 +80,7 @@ STUDY_ATTR_CANCEL = "hpo_cancel_requested_at"
 STUDY_ATTR_CANCEL_SEEN = "hpo_cancel_seen_at"
 """The cancel request a launcher has seen and obeys: it submits nothing more."""
 STUDY_ATTR_RAY_JOB = "hpo_ray_job"
+STUDY_ATTR_RAY_JOBS = "hpo_ray_jobs"
 """The Slurm job id of a Ray-backed study's allocation."""
 STUDY_ATTR_ENQUEUED = "hpo_enqueued"
 STUDY_ATTR_DEFINITION = "hpo_definition"
@@ -226,6 +227,14 @@ def cancel_seen_at(study: optuna.Study) -> float:
 
 def set_ray_job(study: optuna.Study, job_id: str) -> None:
     study.set_user_attr(STUDY_ATTR_RAY_JOB, job_id)
+    jobs = ray_jobs(study)
+    if job_id not in jobs:
+        study.set_user_attr(STUDY_ATTR_RAY_JOBS, [*jobs, job_id])
+
+
+def ray_jobs(study: optuna.Study) -> list[str]:
+    """Every Ray allocation the study ran in (its compute budget counts their hours)."""
+    return [str(j) for j in study.user_attrs.get(STUDY_ATTR_RAY_JOBS, [])]
 
 
 def ray_job(study: optuna.Study) -> str | None:

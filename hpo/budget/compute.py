@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import optuna
@@ -58,10 +59,15 @@ class Spending:
         )
 
 
-def measure(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> Spending | None:
-    """The study's spending against its budget; None for a study without one."""
+def measure(
+    spec: StudySpec, trials: list[optuna.trial.FrozenTrial], ray_jobs: Sequence[str] = ()
+) -> Spending | None:
+    """The study's spending against its budget; None for a study without one. ``ray_jobs``: the
+    Slurm jobs of the Ray backend's allocations, whose whole hours count (idle slots included)."""
     if spec.study.budget is None:
         return None
+    if ray_jobs:
+        return _ray_allocation(spec, trials, ray_jobs)
     own = [t for t in trials if record.is_own(t) and t.state.name != "WAITING"]
     cost = accounting.study_cost(spec, own)
     finished = [
@@ -78,13 +84,31 @@ def measure(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> Spending
     return Spending(cost.unit, spec.study.budget, cost.total, committed, per_trial, cost.measured)
 
 
+def _ray_allocation(
+    spec: StudySpec, trials: list[optuna.trial.FrozenTrial], job_ids: Sequence[str]
+) -> Spending:
+    """The Ray backend in Slurm allocations: sacct's hours of the allocations; a trial is expected
+    to cost the allocation hours per finished trial so far, a running one half of that still."""
+    assert spec.study.budget is not None
+    unit = "GPU-hours" if spec.resources.gpus_per_node else "CPU-hours"
+    usage = accounting.sacct_usage(job_ids).values()
+    spent = sum(u.gpu_hours if spec.resources.gpus_per_node else u.cpu_hours for u in usage)
+    own = [t for t in trials if record.is_own(t)]
+    finished = sum(1 for t in own if t.state.is_finished())
+    running = sum(1 for t in own if t.state.name == "RUNNING")
+    per_trial = spent / finished if finished else None
+    committed = 0.5 * running * (per_trial or 0.0)
+    return Spending(unit, spec.study.budget, spent, committed, per_trial, bool(usage))
+
+
 class BudgetGate:
     """The launcher's question before each submission: does the budget allow another trial?
     Measured again when a trial has ended since, or every ``REMEASURE_S`` while none ends."""
 
-    def __init__(self, spec: StudySpec, study: optuna.Study) -> None:
+    def __init__(self, spec: StudySpec, study: optuna.Study, ray_jobs: Sequence[str] = ()) -> None:
         self.spec = spec
         self.study = study
+        self.ray_jobs = ray_jobs
         self.last: Spending | None = None
         self._measured_at = float("-inf")
         self._ended_seen = -1
@@ -100,7 +124,7 @@ class BudgetGate:
             return True
         now = time.monotonic()
         if trials_ended != self._ended_seen or now - self._measured_at >= REMEASURE_S:
-            self.last = measure(self.spec, self.study.get_trials(deepcopy=False))
+            self.last = measure(self.spec, self.study.get_trials(deepcopy=False), self.ray_jobs)
             self._ended_seen, self._measured_at = trials_ended, now
             assert self.last is not None
             record.store_spent_hours(self.study, self.last.spent)

@@ -305,3 +305,23 @@ def test_a_python_function_objective_runs_on_the_local_ray_backend(tmp_path: Pat
         assert trial.user_attrs["executor"] == "ray"
         assert trial.intermediate_values == {s: pytest.approx(trial.params["x"] * s) for s in range(1, 5)}
         assert trial.value == pytest.approx(trial.params["x"] * 4)
+
+
+def test_the_ray_backend_starts_no_trial_past_the_compute_budget(tmp_path: Path, fashion_mnist_root: str) -> None:
+    """A local Ray instance: trials charged their own elapsed time x one CPU (an estimate; in a
+    Slurm allocation, the allocation's hours from sacct)."""
+    document = study_document(
+        "ray-budget",
+        tmp_path / "work",
+        study={"backend": "ray", "n_trials": 30, "enqueue": [], "pruner": {"name": "none"}, "budget": 0.004},
+    )
+    study_file = write_study(tmp_path / "study.yaml", document)
+    proc = run_hpo("launch", str(study_file))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "compute budget reached: " in proc.stdout, proc.stdout
+    trials = load_trials(document)
+    assert 2 <= len(trials) < 30 and all(t.state.name == "COMPLETE" for t in trials), len(trials)
+    spent = sum(float(t.user_attrs["elapsed_s"]) for t in trials) / 3600
+    one_trial = max(float(t.user_attrs["elapsed_s"]) for t in trials) / 3600
+    # Two trials in flight when the budget is reached: both finish.
+    assert spent <= 0.004 + 2 * one_trial, (spent, one_trial)

@@ -19,12 +19,15 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
 
 from hpo import record, warm_start
+from hpo.budget import stopping
+from hpo.budget.compute import BudgetGate
 from hpo.dispatch.common import open_study
 from hpo.dispatch.ray import ddp_trial, optuna_search, population
 from hpo.paths import checkpoint_dir
@@ -203,7 +206,9 @@ def run(
             # (Tune warns below 3; a slow restart on a busy node once outlasted 3 short epochs).
             checkpoints = tune.CheckpointConfig(num_to_keep=5)
         else:
-            search_alg = optuna_search.study_search(spec, backend, epochs, job_id, started, log)
+            search_alg = optuna_search.study_search(
+                spec, backend, epochs, job_id, started, log, ending=_ending(spec, study)
+            )
             scheduler, max_concurrent = build_scheduler(spec, epochs), spec.study.max_concurrent
             callbacks, checkpoints, param_space = [], None, None
         tuner = tune.Tuner(
@@ -238,3 +243,26 @@ def run(
         if recorder is not None:
             recorder.fail_unfinished("not finished when its Ray run ended (time budget or stop)")
         ray.shutdown()
+
+
+def _ending(spec: StudySpec, study: optuna.Study) -> Callable[[optuna.Study], str | None]:
+    """Why Tune may start no further trial: a stop rule met, or the compute budget reached (the
+    hours of the study's Slurm allocations, whole; estimates for a local Ray). Read again when a
+    trial has ended, the budget at least every ``compute.REMEASURE_S``."""
+    gate = BudgetGate(spec, study, ray_jobs=record.ray_jobs(study))
+    checked = [-1]
+
+    def ending(live: optuna.Study) -> str | None:
+        ended = sum(1 for t in live.get_trials(deepcopy=False) if t.state.is_finished())
+        if spec.study.stop.active and ended != checked[0]:
+            checked[0] = ended
+            verdict = stopping.check(live, spec)
+            if verdict is not None:
+                saved = stopping.saving(live, spec)
+                record.store_stopped(live, verdict.reason, verdict.at_trial, saved)
+                return f"stop rule met after trial {verdict.at_trial}: {verdict.reason}; saved {saved}"
+        if not gate.allows_another(ended):
+            return gate.exhausted_line() or "compute budget reached"
+        return None
+
+    return ending

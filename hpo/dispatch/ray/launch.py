@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from submitit.core.utils import pickle_load
 
 from hpo import record, search
+from hpo.budget import compute
 from hpo.dispatch import lease
 from hpo.dispatch.common import open_study
 from hpo.dispatch.ray import driver
@@ -56,6 +57,10 @@ def _launch_on_slurm(
     else:
         counted = record.started_count(study)
         if counted >= spec.study.n_trials:
+            return study
+        spending = compute.measure(spec, study.get_trials(deepcopy=False), record.ray_jobs(study))
+        if spending is not None and not spending.allows_another:
+            log(f"compute budget reached: {spending.line()}: no Ray job submitted")
             return study
         job = _submit(spec, storage, objective, spec.study.n_trials - counted, log)
         record.set_ray_job(study, str(job.job_id))

@@ -9,6 +9,7 @@ checks import this module on machines and in processes where Ray is absent or no
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -20,8 +21,15 @@ if TYPE_CHECKING:
 
 
 def study_search(
-    spec: StudySpec, storage: Any, epochs: int, job_id: str, launched_at: float, log: Any = print
+    spec: StudySpec,
+    storage: Any,
+    epochs: int,
+    job_id: str,
+    launched_at: float,
+    log: Any = print,
+    ending: Callable[[optuna.Study], str | None] = lambda study: None,
 ) -> Any:
+    """``ending(study)``: why no further trial may start (the compute budget, a stop rule), or None."""
     from ray.tune.search import Searcher
     from ray.tune.search.optuna import OptunaSearch
 
@@ -30,6 +38,7 @@ def study_search(
         is PRUNED, as with the Optuna backend, and carries the same attributes."""
 
         cancel_seen = False
+        ended = ""
 
         def suggest(self, trial_id: str) -> dict[str, Any] | None:
             # `hpo cancel` since this driver started: no new trial, and the cancel is told so.
@@ -39,6 +48,13 @@ def study_search(
                     self.cancel_seen = True
                     log("hpo cancel: starting no more trials")
                 return Searcher.FINISHED  # Tune's sentinel: no more trials from this searcher
+            if self._ot_study is not None:
+                reason = self.ended or ending(self._ot_study)
+                if reason:
+                    if not self.ended:
+                        log(reason)
+                    self.ended = reason
+                    return Searcher.FINISHED
             config: dict[str, Any] | None = super().suggest(trial_id)
             ot_trial = self._ot_trials.get(trial_id)
             if ot_trial is not None:  # where it runs, visible while it runs (hpo status, hpo cancel)
