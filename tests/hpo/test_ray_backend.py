@@ -307,7 +307,9 @@ def test_a_python_function_objective_runs_on_the_local_ray_backend(tmp_path: Pat
         assert trial.value == pytest.approx(trial.params["x"] * 4)
 
 
-def test_the_ray_backend_starts_no_trial_past_the_compute_budget(tmp_path: Path, fashion_mnist_root: str) -> None:
+def test_the_ray_backend_starts_no_trial_past_the_compute_budget(
+    tmp_path: Path, fashion_mnist_root: str
+) -> None:
     """A local Ray instance: trials charged their own elapsed time x one CPU (an estimate; in a
     Slurm allocation, the allocation's hours from sacct)."""
     document = study_document(
