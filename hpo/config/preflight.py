@@ -71,6 +71,12 @@ def check_sampler_installed(spec: StudySpec) -> None:
             f"{spec.source}: study.sampler.name: {name} needs {', '.join(missing)}, which is not installed",
             "pip install 'slurm-hpo[samplers]', or use sampler tpe or random",
         )
+    # The Terminator fits a Gaussian process (Optuna's, on SciPy), first when a trial ends.
+    if spec.study.stop.terminator and importlib.util.find_spec("scipy") is None:
+        raise NotReadyError(
+            f"{spec.source}: study.stop.terminator: Optuna's Terminator needs scipy, which is not installed",
+            "pip install 'slurm-hpo[samplers]', or use the patience rule",
+        )
 
 
 def check_folders(spec: StudySpec) -> None:

@@ -113,3 +113,25 @@ def test_a_sampler_whose_package_is_missing_is_refused_before_anything_starts(tm
     assert f"{study_file}: study.sampler.name: cmaes needs cmaes, which is not installed" in line
     assert "(hint: pip install 'slurm-hpo[samplers]'" in line
     assert "Traceback" not in proc.stderr and not (tmp_path / "work").exists()
+
+
+def test_a_terminator_without_scipy_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    # SciPy hidden from this one process (an import of it finds nothing), as on a machine without
+    # the `samplers` extra: the Terminator's first evaluation would fail after the first trials.
+    document = study_document("terminator-no-scipy", tmp_path / "work")
+    document["study"]["stop"] = {"terminator": True}
+    study_file = write_study(tmp_path / "study.yaml", document)
+    hidden = (
+        "import sys; sys.modules['scipy'] = None; from hpo.cli import main; "
+        f"sys.exit(main(['launch', {str(study_file)!r}]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", hidden], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert (
+        f"{study_file}: study.stop.terminator: Optuna's Terminator needs scipy, which is not installed"
+        in line
+    )
+    assert "Traceback" not in proc.stderr and not (tmp_path / "work").exists()
