@@ -202,6 +202,9 @@ def write_doc(out: Path, doc: Path) -> None:
         notes = out / f"{name}-notes.md"  # what the figures of a full run mean, written by hand
         if notes.exists() and not run_info.get("quick"):
             lines += [notes.read_text().rstrip(), ""]
+        if name == "replay" and (out / "replay-stopping-notes.md").exists():
+            # bench/replay_stopping.py's figures (stop rules, warm start), run on their own.
+            lines += [(out / "replay-stopping-notes.md").read_text().rstrip(), ""]
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(lines))
 

@@ -18,7 +18,7 @@ compute for ``--trials`` trials, as ``bench/replay.py`` does.
   start: the compute this study's own trials need to reach random search's median best (imported
   trials never count as reaching it), against the cold start of the same seed.
 
-    .venv/bin/python -m bench.replay_stopping            # 50 seeds, 2 processes: about 10 minutes
+    .venv/bin/python -m bench.replay_stopping            # 50 seeds, 2 processes: 7 to 13 minutes
     .venv/bin/python -m bench.replay_stopping --quick    # 5 seeds, a smoke run
 """
 

@@ -75,7 +75,11 @@ def build_sampler(
     return _construct(classes[sampler.name], {**options, "seed": seed}, f"{source}: study.sampler.options")
 
 
-def build_pruner(pruner: PrunerSpec, source: str) -> optuna.pruners.BasePruner:
+def build_pruner(pruner: PrunerSpec, source: str, imported: int = 0) -> optuna.pruners.BasePruner:
+    """``imported``: trials a warm start added. They count as COMPLETE trials for the median and
+    percentile pruners' ``n_startup_trials`` but have no epochs to compare; the start-up is
+    raised by their number so that it counts this study's own trials (the replay found pruning
+    from the first own trials on lost more seeds than it saved)."""
 
     if pruner.name in RAY_ONLY_PRUNERS:
         raise StudyFileError(
@@ -90,7 +94,10 @@ def build_pruner(pruner: PrunerSpec, source: str) -> optuna.pruners.BasePruner:
         "hyperband": optuna.pruners.HyperbandPruner,
         "threshold": optuna.pruners.ThresholdPruner,
     }
-    return _construct(classes[pruner.name], dict(pruner.options), f"{source}: study.pruner.options")
+    options = dict(pruner.options)
+    if imported and pruner.name in ("median", "percentile"):
+        options["n_startup_trials"] = int(options.get("n_startup_trials", 5)) + imported
+    return _construct(classes[pruner.name], options, f"{source}: study.pruner.options")
 
 
 def _construct(cls: Callable[..., Any], options: dict[str, Any], where: str) -> Any:
@@ -126,8 +133,11 @@ def load(spec: StudySpec, storage: BaseStorage, *, create: bool) -> optuna.Study
         # Loading first: creating a study that exists writes a refused entry to a journal, and a
         # relaunch refused for its study file must leave the storage as it was.
         with contextlib.suppress(KeyError):
-            return optuna.load_study(
-                study_name=spec.study.name, storage=storage, sampler=sampler, pruner=pruner
+            return with_own_startup(
+                spec,
+                optuna.load_study(
+                    study_name=spec.study.name, storage=storage, sampler=sampler, pruner=pruner
+                ),
             )
         return optuna.create_study(
             study_name=spec.study.name,
@@ -137,7 +147,18 @@ def load(spec: StudySpec, storage: BaseStorage, *, create: bool) -> optuna.Study
             directions=directions(spec),  # type: ignore[arg-type]  # checked: maximize | minimize
             load_if_exists=True,
         )
-    return optuna.load_study(study_name=spec.study.name, storage=storage, sampler=sampler, pruner=pruner)
+    return with_own_startup(
+        spec, optuna.load_study(study_name=spec.study.name, storage=storage, sampler=sampler, pruner=pruner)
+    )
+
+
+def with_own_startup(spec: StudySpec, study: optuna.Study) -> optuna.Study:
+    """The study's pruner with its start-up counting this study's own trials (see build_pruner)."""
+    if spec.study.pruner.name in ("median", "percentile"):
+        imported = record.imported_count(study)
+        if imported:
+            study.pruner = build_pruner(spec.study.pruner, spec.source, imported)
+    return study
 
 
 def reseed_sampler(study: optuna.Study, spec: StudySpec, seed_stream: int) -> None:

@@ -112,8 +112,8 @@ class PrunerSpec:
 class StopSpec:
     patience: int | None = field(
         None,
-        "End the study once this many completed trials in a row brought no improvement of the best "
-        "value larger than min_improvement.",
+        "End the study once this many finished trials in a row (complete or pruned, in the order "
+        "they ended) brought no improvement of the best value larger than min_improvement.",
         ge=1,
     )
     min_improvement: float = field(
@@ -128,10 +128,16 @@ class StopSpec:
     noise: float | None = field(
         None,
         "With terminator: the metric's noise, e.g. its standard deviation over training seeds "
-        "(default: Optuna's estimate from the study's first trials).",
+        "(default: Optuna's estimate from the study's first trials, which in the replay of "
+        "docs/benchmarks.md was 1/25 of the seed SD and never stopped a study: set it).",
         gt=0,
     )
-    min_trials: int = field(5, "Completed trials of this study before a stop rule may end it.", ge=2)
+    min_trials: int = field(
+        10,
+        "Complete trials of this study before a stop rule may end it (in the replay, a Terminator "
+        "allowed to stop after 5 lost more than the noise in 38% of seeds).",
+        ge=2,
+    )
 
     def __post_init__(self) -> None:
         if self.patience is None and self.min_improvement:

@@ -132,3 +132,40 @@ def test_a_warm_start_that_cannot_be_is_one_line_exit_2(
     if journal_file.exists():
         storage = optuna.storages.JournalStorage(JournalFileBackend(str(journal_file)))
         assert optuna.study.get_all_study_names(storage) == []
+
+
+def test_imported_trials_do_not_end_the_median_pruners_start_up(tmp_path: Path) -> None:
+    """Imported trials have no epochs: the median pruner's start-up (5 complete trials) counts
+    this study's own trials, or pruning starts at its first trial (found by the replay)."""
+    from hpo import record, search
+    from hpo.config import load_study
+    from hpo.storage import StorageRef, open_storage
+
+    _, study_file = follower(tmp_path, "pruned", pruner={"name": "median", "options": {"n_warmup_steps": 0}})
+    spec = load_study(study_file, [])
+    storage = open_storage(StorageRef("journal", str(tmp_path / "pruned.journal")), create=True)
+    study = search.load(spec, storage, create=True)
+    space = search.distributions(spec)
+    for number in range(4):
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"lr": 0.1 + number / 100},
+                distributions={"lr": space["lr"]},
+                value=0.8,
+                user_attrs={"imported_from": f"earlier#{number}"},
+            )
+        )
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"lr": 0.3}, distributions={"lr": space["lr"]}, value=0.9, intermediate_values={1: 0.9}
+        )
+    )
+    reloaded = search.load(spec, storage, create=False)
+    trial = reloaded.ask(space)
+    trial.report(0.1, step=1)  # far below the one own trial's 0.9 at epoch 1
+    assert not trial.should_prune()
+    # The same study without the imports' marks: 5 complete trials, the start-up is over.
+    plain = optuna.load_study(
+        study_name="pruned", storage=storage, pruner=search.build_pruner(spec.study.pruner, "")
+    )
+    assert optuna.Trial(plain, record.trial_id(trial)).should_prune()
