@@ -234,7 +234,9 @@ def set_ray_job(study: optuna.Study, job_id: str) -> None:
 
 def ray_jobs(study: optuna.Study) -> list[str]:
     """Every Ray allocation the study ran in (its compute budget counts their hours)."""
-    return [str(j) for j in study.user_attrs.get(STUDY_ATTR_RAY_JOBS, [])]
+    jobs = [str(j) for j in study.user_attrs.get(STUDY_ATTR_RAY_JOBS, [])]
+    latest = ray_job(study)  # a study whose launches predate the list has this one only
+    return jobs if latest is None or latest in jobs else [*jobs, latest]
 
 
 def ray_job(study: optuna.Study) -> str | None:
@@ -427,11 +429,27 @@ def best_trial(study: optuna.Study, spec: StudySpec) -> optuna.trial.FrozenTrial
             return None
         pick = max if spec.study.direction == "maximize" else min
         return pick(complete, key=lambda t: t.values[0])
-    front = [t for t in study.best_trials if is_own(t)]
+    front = _own_front(study)
     if not front:
         return None
     pick = max if spec.study.direction == "maximize" else min
     return pick(front, key=lambda t: t.values[0])
+
+
+def _own_front(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The non-dominated feasible trials among this study's own (Optuna's ``best_trials`` would
+    let an imported trial dominate, and so hide, trials of this study)."""
+    signs = [1.0 if d == optuna.study.StudyDirection.MINIMIZE else -1.0 for d in study.directions]
+    points = [
+        (t, [s * v for s, v in zip(signs, t.values, strict=True)])
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if is_own(t) and t.values and not _infeasible(t)
+    ]
+
+    def dominated(a: list[float]) -> bool:
+        return any(all(x <= y for x, y in zip(b, a, strict=True)) and b != a for _, b in points)
+
+    return [t for t, a in points if not dominated(a)]
 
 
 def _infeasible(trial: optuna.trial.FrozenTrial) -> bool:
@@ -443,7 +461,7 @@ def pareto_front(study: optuna.Study, spec: StudySpec) -> list[optuna.trial.Froz
     if not spec.study.also_minimize:
         return []
     return sorted(
-        [t for t in study.best_trials if is_own(t)],
+        _own_front(study),
         key=lambda t: t.values[0],
         reverse=spec.study.direction == "maximize",
     )

@@ -98,7 +98,14 @@ def apply(spec: StudySpec, study: optuna.Study, planned: Plan, log: Any = print)
     done = list(study.user_attrs.get(record.STUDY_ATTR_WARM_STARTED, []))
     for warning in planned.warnings:
         log(f"warning: {warning}")
+    # A launch stopped between adding trials and marking the study may have imported some.
+    already = {
+        t.user_attrs[record.ATTR_IMPORTED_FROM]
+        for t in study.get_trials(deepcopy=False)
+        if record.ATTR_IMPORTED_FROM in t.user_attrs
+    }
     for name, trials in planned.imports.items():
+        trials = [t for t in trials if t.user_attrs[record.ATTR_IMPORTED_FROM] not in already]
         study.add_trials(trials)
         done.append(name)
         study.set_user_attr(record.STUDY_ATTR_WARM_STARTED, done)
@@ -107,13 +114,18 @@ def apply(spec: StudySpec, study: optuna.Study, planned: Plan, log: Any = print)
         )
     room = spec.study.n_trials - record.started_count(study)
     if planned.enqueue and room > 0:
-        planned.enqueue = planned.enqueue[:room]  # a queued trial beyond the budget would never run
-        for params in planned.enqueue:
-            study.enqueue_trial(params, skip_if_exists=True)
+        # Not Optuna's skip_if_exists: it would match the imported copies of these very trials.
+        ran = [t.params for t in record.own_trials(study)] + [
+            t.system_attrs.get("fixed_params", {})
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        ]
+        queued = [params for params in planned.enqueue if params not in ran][:room]
+        for params in queued:
+            study.enqueue_trial(params)
         best_of = spec.study.warm_start.enqueue_best_of
         done.append(f"best-of:{best_of}")
         study.set_user_attr(record.STUDY_ATTR_WARM_STARTED, done)
-        log(f"enqueued the {len(planned.enqueue)} best configurations of study {best_of!r} to run first")
+        log(f"enqueued the {len(queued)} best configurations of study {best_of!r} to run first")
     study.set_user_attr(STUDY_ATTR_RANKS, ranks_per_trial(spec))
 
 
@@ -162,14 +174,17 @@ def _translate(spec: StudySpec, source: optuna.Study) -> tuple[list[optuna.trial
         if outside or not params:
             dropped.append(outside[0] if outside else f"trial {trial.number}: no parameter of this space")
             continue
-        trials.append(
-            optuna.trial.create_trial(
-                params=params,
-                distributions={k: space[k] for k in params},
-                values=list(trial.values),
-                user_attrs={record.ATTR_IMPORTED_FROM: f"{source.study_name}#{trial.number}"},
+        try:
+            trials.append(
+                optuna.trial.create_trial(
+                    params=params,
+                    distributions={k: space[k] for k in params},
+                    values=list(trial.values),
+                    user_attrs={record.ATTR_IMPORTED_FROM: f"{source.study_name}#{trial.number}"},
+                )
             )
-        )
+        except ValueError as err:  # a value off this space's step grid (a rescaled lr, say)
+            dropped.append(f"trial {trial.number}: {err}")
     if unknown:
         dropped.insert(0, f"parameters {', '.join(sorted(unknown))} are not in this space and were left out")
     return trials, dropped

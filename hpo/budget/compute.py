@@ -7,7 +7,9 @@ flight is expected to cost what the finished trials cost on average (pruned ones
 pruning's saving counts); a trial is submitted only if the hours spent, plus what the trials in
 flight are still expected to cost, plus one more trial's expected cost stay within the budget.
 The study therefore ends within about one trial's cost of its budget, below it unless trials
-cost more than the earlier ones did.
+cost more than the earlier ones did. Until a trial has finished nothing says what one costs: each
+is then charged its time limit times its resources, and a first trial always starts (while the
+budget is not spent), so a wide study cannot commit many trials before it has measured one.
 """
 
 from __future__ import annotations
@@ -39,9 +41,13 @@ class Spending:
     committed: float
     """What the running trials are still expected to cost on top."""
     per_trial: float | None
-    """The expected cost of one more trial; None before any trial finished."""
+    """The expected cost of one more trial (the finished trials' mean); before any trial has
+    finished, the most one can cost: its time limit times its resources."""
     measured: bool
     """Every figure of ``spent`` came from sacct."""
+    running: int = 0
+    known: bool = True
+    """``per_trial`` is a measured mean, not the time-limit bound of a study with no finished trial."""
 
     @property
     def left(self) -> float:
@@ -49,7 +55,15 @@ class Spending:
 
     @property
     def allows_another(self) -> bool:
+        if not self.known and self.running == 0:
+            return self.spent < self.limit  # the first trial: nothing to go by, and room left
         return self.spent + self.committed + (self.per_trial or 0.0) <= self.limit
+
+    @property
+    def exhausted(self) -> bool:
+        """No trial may start, and none that ends could change that: the study is done with it.
+        (While no trial has finished, the time-limit bound only holds submissions back.)"""
+        return not self.allows_another and (self.known or self.running == 0)
 
     def line(self) -> str:
         source = "sacct" if self.measured else "estimate"
@@ -75,13 +89,33 @@ def measure(
         for t in own
         if t.state.is_finished() and t.number in cost.per_trial and not t.user_attrs.get(record.ATTR_NOT_RUN)
     ]
-    per_trial = sum(finished) / len(finished) if finished else None
-    committed = 0.0
-    if per_trial is not None:
-        for t in own:
-            if t.state.name == "RUNNING" and t.number in cost.per_trial:
-                committed += max(0.0, per_trial - cost.of(cost.per_trial[t.number]))
-    return Spending(cost.unit, spec.study.budget, cost.total, committed, per_trial, cost.measured)
+    # Before any trial has finished, each is charged the most it can cost (its time limit): a
+    # study of 16 slots does not commit 16 trials to a budget of 3 before it knows what one costs.
+    per_trial = sum(finished) / len(finished) if finished else time_limit_cost(spec)
+    running = [t for t in own if t.state.name == "RUNNING"]
+    committed = sum(
+        max(0.0, per_trial - (cost.of(cost.per_trial[t.number]) if t.number in cost.per_trial else 0.0))
+        for t in running
+    )
+    return Spending(
+        cost.unit,
+        spec.study.budget,
+        cost.total,
+        committed,
+        per_trial,
+        cost.measured,
+        len(running),
+        bool(finished),
+    )
+
+
+def time_limit_cost(spec: StudySpec) -> float:
+    """The most one trial can cost: its job's time limit times what it gets."""
+    res = spec.resources
+    if res.gpus_per_node:
+        return res.time_min / 60 * res.gpus_per_node * (1 if spec.study.backend == "ray" else res.nodes)
+    ranks = res.tasks_per_node if spec.study.backend == "ray" else res.world_size
+    return res.time_min / 60 * res.cpus_per_task * ranks
 
 
 def _ray_allocation(
@@ -92,13 +126,17 @@ def _ray_allocation(
     assert spec.study.budget is not None
     unit = "GPU-hours" if spec.resources.gpus_per_node else "CPU-hours"
     usage = accounting.sacct_usage(job_ids).values()
+    if not usage:  # no accounting here (or not yet): the trials' own estimates
+        estimate = measure(spec, trials)
+        assert estimate is not None  # the study has a budget
+        return estimate
     spent = sum(u.gpu_hours if spec.resources.gpus_per_node else u.cpu_hours for u in usage)
     own = [t for t in trials if record.is_own(t)]
     finished = sum(1 for t in own if t.state.is_finished())
     running = sum(1 for t in own if t.state.name == "RUNNING")
-    per_trial = spent / finished if finished else None
-    committed = 0.5 * running * (per_trial or 0.0)
-    return Spending(unit, spec.study.budget, spent, committed, per_trial, bool(usage))
+    per_trial = spent / finished if finished else time_limit_cost(spec)
+    committed = 0.5 * running * per_trial
+    return Spending(unit, spec.study.budget, spent, committed, per_trial, True, running, bool(finished))
 
 
 class BudgetGate:
@@ -125,20 +163,25 @@ class BudgetGate:
         now = time.monotonic()
         if trials_ended != self._ended_seen or now - self._measured_at >= REMEASURE_S:
             self.last = measure(self.spec, self.study.get_trials(deepcopy=False), self.ray_jobs)
-            self._ended_seen, self._measured_at = trials_ended, now
             assert self.last is not None
-            record.store_spent_hours(self.study, self.last.spent)
+            if trials_ended != self._ended_seen:  # stored for the views, not on every re-measure
+                record.store_spent_hours(self.study, self.last.spent)
+            self._ended_seen, self._measured_at = trials_ended, now
         assert self.last is not None
         return self.last.allows_another
 
+    @property
+    def exhausted(self) -> bool:
+        return self.last is not None and self.last.exhausted
+
     def exhausted_line(self) -> str | None:
-        """Once, when the budget stops submissions: what was spent and what is left."""
-        if self._announced or self.last is None or self.last.allows_another:
+        """Once, when the budget ends submissions for good: what was spent and what is left."""
+        if self._announced or self.last is None or not self.last.exhausted:
             return None
         self._announced = True
         expected = (
             f"; one more trial would cost ~{accounting.format_hours(self.last.per_trial)}"
-            if self.last.per_trial is not None
+            if self.last.known and self.last.per_trial is not None
             else ""
         )
         return f"compute budget reached: {self.last.line()}{expected}: submitting no more trials"

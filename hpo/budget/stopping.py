@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import record
+from hpo import record, search
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -77,9 +77,14 @@ def patience_verdict(
 
 
 def terminator_bound(
-    trials: list[optuna.trial.FrozenTrial], direction: optuna.study.StudyDirection, rule: StopSpec
+    trials: list[optuna.trial.FrozenTrial],
+    direction: optuna.study.StudyDirection,
+    rule: StopSpec,
+    noise_trials: list[optuna.trial.FrozenTrial] | None = None,
 ) -> tuple[float, float]:
-    """(regret bound, noise) of Optuna's Terminator over ``trials``; stop when bound < noise."""
+    """(regret bound, noise) of Optuna's Terminator over ``trials``; stop when bound < noise.
+    Without ``rule.noise``, the noise is Optuna's estimate from ``noise_trials`` (default
+    ``trials``), in the order of their numbers."""
     # Optuna's Terminator classes warn that they are deprecated (FutureWarning) and experimental.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -96,7 +101,8 @@ def terminator_bound(
             )
         )
         complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.values]
-        return improvement.evaluate(complete, direction), error.evaluate(complete, direction)
+        first = complete if noise_trials is None else noise_trials
+        return improvement.evaluate(complete, direction), error.evaluate(first, direction)
 
 
 def check(study: optuna.Study, spec: StudySpec) -> Verdict | None:
@@ -112,22 +118,10 @@ def check(study: optuna.Study, spec: StudySpec) -> Verdict | None:
     last = finished[-1].number
     reasons = []
     if rule.terminator:
-        model_trials = [
-            t
-            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.values and not t.user_attrs.get(record.ATTR_INFEASIBLE)
-        ]
-        bound, noise = terminator_bound(model_trials, study.direction, rule)
-        stop = bool(bound < noise)
-        evaluation: dict[str, Any] = {
-            "at_trial": last,
-            "complete_trials": len(complete),
-            "regret_bound": round(float(bound), 6),
-            "noise": round(float(noise), 6),
-            "stop": stop,
-        }
+        evaluation = _terminator_evaluation(study, spec, rule, complete, last)
         study.set_user_attr(STUDY_ATTR_TERMINATOR, evaluation)
-        if stop:
+        if evaluation.get("stop"):
+            bound, noise = evaluation["regret_bound"], evaluation["noise"]
             reasons.append(
                 f"Optuna's Terminator: regret bound {bound:.4g} below the metric's noise {noise:.4g}"
             )
@@ -141,6 +135,45 @@ def check(study: optuna.Study, spec: StudySpec) -> Verdict | None:
         if reason:
             reasons.append(reason)
     return Verdict("; ".join(reasons), last) if reasons else None
+
+
+def _terminator_evaluation(
+    study: optuna.Study,
+    spec: StudySpec,
+    rule: StopSpec,
+    complete: list[optuna.trial.FrozenTrial],
+    last: int,
+) -> dict[str, Any]:
+    """One look of the Terminator, as stored. Its model takes the complete trials that have every
+    parameter of the space (imported ones included); Optuna's noise estimate, once made, is kept,
+    and is made from this study's own first trials. A model that cannot be fitted is recorded
+    and the study goes on: a stop rule never ends a launcher."""
+    space = search.distributions(spec)
+    model_trials = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if t.values and not t.user_attrs.get(record.ATTR_INFEASIBLE) and set(space) <= set(t.params)
+    ]
+    earlier = terminator_evaluation(study) or {}
+    if rule.noise is None and earlier.get("noise_estimated") and earlier.get("noise"):
+        rule = dataclasses.replace(rule, noise=float(earlier["noise"]))
+        estimated = True
+    else:
+        estimated = rule.noise is None
+    evaluation: dict[str, Any] = {"at_trial": last, "complete_trials": len(complete)}
+    try:
+        own_first = sorted(complete, key=lambda t: t.number)
+        bound, noise = terminator_bound(model_trials, study.direction, rule, noise_trials=own_first)
+    except Exception as err:  # Optuna's GP raises several kinds: each means "cannot tell"
+        evaluation.update(error=f"{type(err).__name__}: {err}"[:300], stop=False)
+        return evaluation
+    evaluation.update(
+        regret_bound=round(float(bound), 6),
+        noise=round(float(noise), 6),
+        noise_estimated=estimated,
+        stop=bool(bound < noise),
+    )
+    return evaluation
 
 
 def terminator_evaluation(study: optuna.Study) -> dict[str, Any] | None:

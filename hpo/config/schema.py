@@ -274,6 +274,14 @@ class StudySection:
                 )
         if self.timeout is not None:
             parse_duration_min("timeout", self.timeout)
+        if self.stop.active and self.also_minimize is not None:
+            raise _KeyProblem(
+                "stop", "a stop rule reads one metric; a multi-objective study (also_minimize) has none"
+            )
+        if self.pruner.name == "pbt" and (self.stop.active or self.budget is not None):
+            # PBT trains its whole population at once, from start to end: nothing to hold back.
+            key = "stop" if self.stop.active else "budget"
+            raise _KeyProblem(key, "does not apply to pbt, whose population trains at once; use n_trials")
 
     @property
     def timeout_min(self) -> float | None:

@@ -156,12 +156,7 @@ class Dispatcher:
         under way."""
         if self.deadline is not None and time.time() >= self.deadline:
             return False
-        requested = record.cancel_requested_at(self.study)
-        if requested >= self.started:
-            if not self.cancel_seen:
-                record.acknowledge_cancel(self.study, requested)
-                self.cancel_seen = True
-                self.log("hpo cancel: submitting no more trials")
+        if self._cancelled():
             return False
         if self._stop_rule_met():
             return False
@@ -170,6 +165,17 @@ class Dispatcher:
             if line:
                 self.log(line)
             return False
+        return True
+
+    def _cancelled(self) -> bool:
+        """`hpo cancel` since this launch (acknowledged to it once)."""
+        requested = record.cancel_requested_at(self.study)
+        if requested < self.started:
+            return False
+        if not self.cancel_seen:
+            record.acknowledge_cancel(self.study, requested)
+            self.cancel_seen = True
+            self.log("hpo cancel: submitting no more trials")
         return True
 
     def _stop_rule_met(self) -> bool:

@@ -76,7 +76,7 @@ class PerTrialDispatcher(Dispatcher):
         retries.inherit_checkpoint(self.spec, trial)
         asked = {record.ATTR_EXECUTOR: self.options.executor, record.ATTR_ASKED_AT: record.now_iso()}
         record.set_attrs(trial, asked)
-        if not self._accepting():  # `hpo cancel` between the ask and now
+        if self._cancelled():  # `hpo cancel` between the ask and now
             record.close_not_run(self.study, trial, f"never submitted: {record.REASON_CANCELLED}")
             return
         task = TrialTask(

@@ -117,9 +117,12 @@ def ending_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
     """The compute budget spent and left, a stop rule's verdict, the Terminator's last look."""
     lines = []
     if spec.study.budget is not None:
-        left = max(0.0, spec.study.budget - cost.total)
+        # The Ray backend spends its allocations' hours, idle slots included: the driver's figure.
+        stored = record.spent_hours(study)
+        spent = stored if spec.study.backend == "ray" and stored is not None else cost.total
+        left = max(0.0, spec.study.budget - spent)
         lines.append(
-            f"budget: {accounting.format_hours(cost.total)} of {accounting.format_hours(spec.study.budget)} "
+            f"budget: {accounting.format_hours(spent)} of {accounting.format_hours(spec.study.budget)} "
             f"{cost.unit} spent, {accounting.format_hours(left)} left"
         )
     stopped = record.stopped(study)
@@ -128,7 +131,11 @@ def ending_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
             f"stopped after trial {stopped['at_trial']}: {stopped['reason']}; saved {stopped['saved']}"
         )
     look = stopping.terminator_evaluation(study)
-    if look:
+    if look and "error" in look:
+        lines.append(
+            f"terminator after trial {look['at_trial']}: could not fit its model ({look['error']}): go on"
+        )
+    elif look:
         decision = "stop" if look["stop"] else "go on"
         lines.append(
             f"terminator after trial {look['at_trial']} ({look['complete_trials']} complete): regret "

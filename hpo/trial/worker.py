@@ -63,9 +63,12 @@ class WorkerTask:
                 print(f"worker stops: stop rule met ({stopped['reason']})", flush=True)
                 break
             spending = compute.measure(self.spec, study.get_trials(deepcopy=False))
-            if spending is not None and not spending.allows_another:
+            if spending is not None and spending.exhausted:
                 print(f"worker stops: compute budget reached: {spending.line()}", flush=True)
                 break
+            if spending is not None and not spending.allows_another:
+                time.sleep(compute.REMEASURE_S)  # no trial has finished yet to say what one costs
+                continue
             if self.time_limit_min is not None:
                 left_s = job_started + 60 * self.time_limit_min - time.time()
                 if left_s < 1.2 * longest_trial_s + 60:

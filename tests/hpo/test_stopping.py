@@ -37,12 +37,16 @@ def stored(tmp_path: Path, name: str) -> optuna.Study:
 def test_a_patience_rule_ends_the_quickstart_early_and_status_says_why(tmp_path: Path) -> None:
     # No gain counts as an improvement (0.5 of accuracy): the rule must end the study once its
     # three trials in a row are seen after the first four complete ones.
+    # The Terminator beside it, with a noise no regret bound of 4 trials gets under: it records its
+    # decision to go on at each look.
     args = quickstart(
         tmp_path,
         "patience",
         "study.stop.patience=3",
         "study.stop.min_improvement=0.5",
         "study.stop.min_trials=4",
+        "study.stop.terminator=true",
+        "study.stop.noise=0.0001",
     )
     proc = run_hpo("launch", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -52,12 +56,19 @@ def test_a_patience_rule_ends_the_quickstart_early_and_status_says_why(tmp_path:
     trials = study.get_trials()
     assert 4 <= len(trials) < 10, len(trials)  # n_trials is 10: the trials in flight finish
     assert all(t.state.is_finished() for t in trials)
+    look = study.user_attrs["hpo_terminator"]
+    assert look["stop"] is False and look["regret_bound"] >= look["noise"] == 0.0001, look
     reason = study.user_attrs["hpo_stopped"]
     assert reason["saved"].startswith(f"{10 - len(trials)} of 10 trials not run, ~"), reason
     status = run_hpo("status", *args)
     assert status.returncode == 0, status.stderr
     [line] = [line for line in status.stdout.splitlines() if line.startswith("stopped after trial")]
     assert "no improvement larger than 0.5" in line and "trials not run" in line, line
+    assert "Terminator" not in line  # patience ended it
+    assert any(
+        line.startswith("terminator after trial") and line.endswith(": go on")
+        for line in status.stdout.splitlines()
+    ), status.stdout
     # Relaunched with the same rule: the study has not improved since, so nothing more runs.
     again = run_hpo("launch", *args)
     assert again.returncode == 0 and "submitted" not in again.stdout, again.stdout
@@ -113,12 +124,20 @@ def test_the_patience_rule_counts_pruned_trials_as_no_improvement() -> None:
         ("study.budget=0", "study.budget: must be > 0"),
         ("study.budget=-2", "study.budget: must be > 0"),
         ("study.budget=lots", "study.budget:"),
+        (
+            "study.stop.patience=3 --set study.also_minimize=gpu_hours --set study.pruner.name=none",
+            "study.stop: a stop rule reads one metric",
+        ),
+        (
+            "study.budget=1 --set study.backend=ray --set study.pruner.name=pbt",
+            "study.budget: does not apply to pbt",
+        ),
     ],
 )
 def test_nonsense_stop_rules_and_budgets_are_one_line_exit_2(
     tmp_path: Path, setting: str, problem: str
 ) -> None:
-    proc = run_hpo("launch", *quickstart(tmp_path, "bad", setting))
+    proc = run_hpo("launch", *quickstart(tmp_path, "bad", *setting.split(" --set ")))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     [line] = proc.stderr.splitlines()
     assert QUICKSTART in line and problem in line, line

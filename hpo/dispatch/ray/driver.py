@@ -262,7 +262,7 @@ def _ending(spec: StudySpec, study: optuna.Study) -> Callable[[optuna.Study], st
                 record.store_stopped(live, verdict.reason, verdict.at_trial, saved)
                 return f"stop rule met after trial {verdict.at_trial}: {verdict.reason}; saved {saved}"
         if not gate.allows_another(ended):
-            return gate.exhausted_line() or "compute budget reached"
+            return gate.exhausted_line() if gate.exhausted else optuna_search.HOLD
         return None
 
     return ending

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from hpo.config import StudySpec
 
 
+HOLD = "hold"
+"""What ``ending`` answers when no trial may start now but one may once a running trial ends."""
+
+
 def study_search(
     spec: StudySpec,
     storage: Any,
@@ -29,7 +33,8 @@ def study_search(
     log: Any = print,
     ending: Callable[[optuna.Study], str | None] = lambda study: None,
 ) -> Any:
-    """``ending(study)``: why no further trial may start (the compute budget, a stop rule), or None."""
+    """``ending(study)``: why no further trial may start (the compute budget, a stop rule), HOLD
+    for not now, or None."""
     from ray.tune.search import Searcher
     from ray.tune.search.optuna import OptunaSearch
 
@@ -50,6 +55,8 @@ def study_search(
                 return Searcher.FINISHED  # Tune's sentinel: no more trials from this searcher
             if self._ot_study is not None:
                 reason = self.ended or ending(self._ot_study)
+                if reason == HOLD:
+                    return None  # Tune asks again later
                 if reason:
                     if not self.ended:
                         log(reason)
