@@ -12,6 +12,11 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/lib.sh"
 
 [[ $(id -u) -eq 0 ]] || die "run as root (it installs packages and starts system daemons)"
+# One run at a time: two at once (the test workers' fixtures) made PostgreSQL refuse a concurrent
+# role update ("tuple concurrently updated"). The second waits, then only checks.
+mkdir -p /run/lock
+exec 9>/run/lock/hpo-local-cluster-up.lock
+flock 9
 # Every daemon is started with its output sent to a log file: one holding our stdout open would
 # keep $(up.sh | tail -1) waiting forever.
 start_log() { echo "$SLURM_LOG/start-$1.log"; }

@@ -242,7 +242,11 @@ class Dispatcher:
             return f"local process {entry.job_id} exited without telling a result"
         state = self.slurm.state(entry.job) if entry.executor == "slurm" else "exited"
         detail = executors.error_line(self.spec, entry.job_id, entry.tasks)
-        return f"job {entry.job_id} {state} without telling a result" + (f": {detail}" if detail else "")
+        reason = f"job {entry.job_id} {state} without telling a result" + (f": {detail}" if detail else "")
+        if record.cancel_requested_at(self.study) >= self.started:
+            # Seen before `hpo cancel` wrote its own reason on the trial: the cancel ended it.
+            return f"{record.REASON_CANCELLED} ({reason})"
+        return reason
 
     def _fail(self, number: int, reason: str, out_of_memory: bool = False) -> None:
         # These raise if the trial's own process told it meanwhile: then its state stands.

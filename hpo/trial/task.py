@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import subprocess
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -144,7 +145,7 @@ def run_attached(
         _RUN.start_epoch, _RUN.reporter = reporter.last_epoch, reporter
         result = objective(spec, trial.number, dict(trial.params), reporter)
     except BaseException as err:
-        if REQUEUE_REQUESTED.is_set() and isinstance(err, SystemExit):
+        if REQUEUE_REQUESTED.is_set() and (isinstance(err, SystemExit) or _requeue_under_way(err)):
             # submitit requeued the job (preemption or time limit): the trial stays RUNNING and
             # the requeued job resumes it from its last checkpoint.
             print(f"trial {trial.number} requeued; it resumes from its last checkpoint", flush=True)
@@ -170,6 +171,16 @@ def run_attached(
         state = "COMPLETE"
     print(f"trial {trial.number} {state}: {spec.study.metric}={result.value:.4f}", flush=True)
     return {"rank": 0, "state": state, "value": result.value}
+
+
+def _requeue_under_way(err: BaseException) -> bool:
+    """submitit's ``scontrol requeue`` killed by a signal: Slurm ending this run of the job for
+    the requeue it asked for, before scontrol returned (seen on a loaded machine)."""
+    return (
+        isinstance(err, subprocess.CalledProcessError)
+        and list(err.cmd)[:2] == ["scontrol", "requeue"]
+        and err.returncode < 0
+    )
 
 
 def cost_objective(spec: StudySpec, attrs: dict[str, Any]) -> float:

@@ -46,6 +46,9 @@ def test_a_cpu_hour_budget_ends_the_study_within_one_trial_of_it(tmp_path: Path,
     assert "compute budget reached: " in first.stdout, first.stdout
     trials = load_trials(document, fresh_database)
     assert 3 <= len(trials) < 40, len(trials)
+    # Until a trial has finished, each is charged its 10-minute limit (0.167 CPU-h, over the
+    # budget): the second slot stays empty until the first trial has shown what one costs.
+    assert trials[1].datetime_start >= trials[0].datetime_complete, (trials[0], trials[1])
     job_ids = [str(t.user_attrs["job_id"]) for t in trials]
     assert set(final_sacct_states(job_ids).values()) == {"COMPLETED"}
     # What Slurm's accounting says the study used: within one trial's cost of the budget.
