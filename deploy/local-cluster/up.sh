@@ -163,6 +163,11 @@ if ! grep -qx "$CLUSTER" <<<"$clusters"; then
     log "registering cluster $CLUSTER in the accounting database"
     out=$(sacctmgr -i add cluster "$CLUSTER" 2>&1) || [[ $out == *"already exists"* ]] || die "sacctmgr add cluster: $out"
 fi
+# A QoS with a MaxWall, as Jean Zay's qos_gpu-dev (2 h) has: hpo launch refuses a longer trial.
+if ! sacctmgr -n -P show qos format=Name | grep -qx short5; then
+    log "adding QoS short5 (MaxWall 5 min)"
+    out=$(sacctmgr -i add qos short5 MaxWall=00:05:00 2>&1) || [[ $out == *"already exists"* ]] || die "sacctmgr add qos: $out"
+fi
 
 if ((slurm_conf_changed)); then
     # A changed slurm.conf (node lines included) is simplest to apply by restarting.

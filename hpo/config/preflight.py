@@ -55,6 +55,7 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
     if executor == "slurm":
         nodes, gpus, cpus = _job_shape(spec)
         check_partition_capacity(spec, nodes, gpus, cpus)
+        check_qos_wall(spec)
     elif spec.objective is None:
         check_local_data(spec)
 
@@ -146,6 +147,39 @@ def check_executor_available(spec: StudySpec, executor: str) -> None:
         raise NotReadyError(
             f"{spec.source}: resources.executor: slurm, but there is no sbatch on this machine",
             "run on a Slurm login node, or use executor: local (--executor local)",
+        )
+
+
+def check_qos_wall(spec: StudySpec) -> None:
+    """Refuse a trial whose time limit is longer than its QoS allows (sacctmgr's MaxWall): Slurm
+    would leave every such job pending (QOSMaxWallDurationPerJobLimit) or reject it."""
+    from hpo.config import parse_duration_min
+
+    qos = spec.resources.qos
+    if not qos:
+        return
+    try:
+        out = subprocess.run(
+            ["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return  # no accounting to ask: let sbatch judge
+    walls = dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+    if not walls:
+        return
+    if qos not in walls:
+        raise StudyFileError(
+            f"{spec.source}: resources.qos: no QoS {qos!r} on this cluster; it has {', '.join(sorted(walls))}"
+        )
+    wall = walls[qos].strip()
+    if not wall:
+        return  # no MaxWall on this QoS
+    limit_min = parse_duration_min("MaxWall", wall)
+    if spec.resources.time_min > limit_min:
+        raise StudyFileError(
+            f"{spec.source}: resources.time: {spec.resources.time} ({spec.resources.time_min:g} min) is longer "
+            f"than QoS {qos}'s MaxWall {wall} ({limit_min:g} min); lower it or use another qos"
         )
 
 

@@ -135,3 +135,39 @@ def test_a_terminator_without_scipy_is_refused_before_anything_starts(tmp_path: 
         in line
     )
     assert "Traceback" not in proc.stderr and not (tmp_path / "work").exists()
+
+
+def test_a_trial_longer_than_its_qos_allows_is_refused_before_submission(
+    tmp_path: Path, local_cluster: str
+) -> None:
+    """The local cluster's QoS short5 has MaxWall 00:05:00 (deploy/local-cluster/up.sh), as Jean
+    Zay's QoS have theirs: a 10-minute trial would pend forever. Read from sacctmgr, not guessed."""
+    cases = [
+        (
+            "10m",
+            "short5",
+            "resources.time: 10m (10 min) is longer than QoS short5's MaxWall 00:05:00 (5 min)",
+        ),
+        ("4m", "nosuch", "resources.qos: no QoS 'nosuch' on this cluster; it has normal, short5"),
+    ]
+    for index, (time_limit, qos, problem) in enumerate(cases):
+        document = study_document(
+            f"qos-{index}",
+            tmp_path / f"work{index}",
+            resources={"executor": "slurm", "time": time_limit, "qos": qos},
+        )
+        study_file = write_study(tmp_path / f"study{index}.yaml", document)
+        proc = launch(study_file, "--storage", local_cluster)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        [line] = proc.stderr.splitlines()
+        assert line.startswith(f"hpo launch: error: {study_file}: {problem}"), line
+        assert not (tmp_path / f"work{index}").exists()
+    # Within the MaxWall, the same study is not refused (no trial run: --dry-run stops before
+    # sacctmgr, so the check itself is called here).
+    from hpo.config import load_study
+    from hpo.config.preflight import check_qos_wall
+
+    document = study_document(
+        "qos-ok", tmp_path / "ok", resources={"executor": "slurm", "time": "5m", "qos": "short5"}
+    )
+    check_qos_wall(load_study(write_study(tmp_path / "ok.yaml", document), []))
