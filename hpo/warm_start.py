@@ -52,14 +52,14 @@ def ranks_per_trial(spec: StudySpec) -> int:
     return res.tasks_per_node if spec.study.backend == "ray" else res.world_size
 
 
-def plan(spec: StudySpec, storage: StorageRef, study: optuna.Study | None = None) -> Plan:
-    """Read the source studies; ``study``: this study (None: loaded here if it exists), whose
-    stored imports are not planned again."""
+def plan(spec: StudySpec, storage: StorageRef) -> Plan:
+    """Read the source studies, leaving out those this study (if it exists) imported already."""
     warm = spec.study.warm_start
     result = Plan()
     if not warm.sources:
         return result
-    if study is None and (storage.kind != "journal" or Path(storage.target).exists()):
+    study: optuna.Study | None = None
+    if storage.kind != "journal" or Path(storage.target).exists():
         try:
             study = optuna.load_study(study_name=spec.study.name, storage=open_storage(storage, create=False))
         except KeyError:

@@ -40,7 +40,7 @@ class Spending:
     """Hours the study's own trials used so far, running ones included."""
     committed: float
     """What the running trials are still expected to cost on top."""
-    per_trial: float | None
+    per_trial: float
     """The expected cost of one more trial (the finished trials' mean); before any trial has
     finished, the most one can cost: its time limit times its resources."""
     measured: bool
@@ -57,7 +57,7 @@ class Spending:
     def allows_another(self) -> bool:
         if not self.known and self.running == 0:
             return self.spent < self.limit  # the first trial: nothing to go by, and room left
-        return self.spent + self.committed + (self.per_trial or 0.0) <= self.limit
+        return self.spent + self.committed + self.per_trial <= self.limit
 
     @property
     def exhausted(self) -> bool:
@@ -181,7 +181,7 @@ class BudgetGate:
         self._announced = True
         expected = (
             f"; one more trial would cost ~{accounting.format_hours(self.last.per_trial)}"
-            if self.last.known and self.last.per_trial is not None
+            if self.last.known
             else ""
         )
         return f"compute budget reached: {self.last.line()}{expected}: submitting no more trials"

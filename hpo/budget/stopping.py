@@ -181,6 +181,17 @@ def terminator_evaluation(study: optuna.Study) -> dict[str, Any] | None:
     return dict(value) if value else None
 
 
+def end_if_met(study: optuna.Study, spec: StudySpec) -> str | None:
+    """Check the rules; when one is met, store why and what it saved on the study and return the
+    line to print (the launcher's, the Ray driver's)."""
+    verdict = check(study, spec)
+    if verdict is None:
+        return None
+    saved = saving(study, spec)
+    record.store_stopped(study, verdict.reason, verdict.at_trial, saved)
+    return f"stop rule met after trial {verdict.at_trial}: {verdict.reason}; saved {saved}"
+
+
 def saving(study: optuna.Study, spec: StudySpec) -> str:
     """What stopping now saves: the trials of ``n_trials`` not started, at what the finished
     trials cost on average (an estimate: their own elapsed time, or sacct's for Slurm jobs)."""

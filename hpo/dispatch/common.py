@@ -76,15 +76,16 @@ Log = Callable[[str], None]
 
 def open_study(
     spec: StudySpec, storage: StorageRef, *, reseed: bool = True, allow_space_change: bool = False
-) -> tuple[optuna.Study, BaseStorage]:
+) -> tuple[optuna.Study, BaseStorage, warm_start.Plan]:
     """The launch set-up every backend shares: the storage reached (its schema created), the study
     created or resumed, checked against what the stored study means (a relaunch that would mix
     values of another metric, other settings or, unless allowed, another search space is refused
-    before anything is written), its metric named. Returns the study and the opened storage (the
-    Ray backend's searcher writes through the same one)."""
+    before anything is written), its metric named. Returns the study, the opened storage (the
+    Ray backend's searcher writes through the same one) and what a warm start is to add, read
+    before the study is created (a source that cannot be is bad input, exit 2) and written by
+    ``warm_start.apply`` under the study's lease."""
     backend = check_reachable(storage, spec.source)
-    # The studies a warm start reads are checked before this one is created (bad input: exit 2).
-    warm_start.plan(spec, storage)
+    planned = warm_start.plan(spec, storage)
     study = search.load(spec, backend, create=True)
     search.check_direction(study, spec)
     if search.check_definition(study, spec, allow_space_change=allow_space_change):
@@ -93,7 +94,7 @@ def open_study(
     if reseed:
         # A relaunch continues the seeded sequence elsewhere instead of replaying its first proposals.
         search.reseed_sampler(study, spec, seed_stream=len(study.get_trials(deepcopy=False)))
-    return study, backend
+    return study, backend, planned
 
 
 @contextlib.contextmanager
@@ -144,7 +145,7 @@ class Dispatcher:
         """The study's launcher lease, confirmed before each submission."""
         self.cancel_seen = False
         self.budget = BudgetGate(spec, study)
-        self.stop_verdict: stopping.Verdict | None = None
+        self.stopped = False
         self.trials_ended = 0
         """Trials seen ending by this launcher: the stop rules and the budget look again when it grows."""
         self._stop_checked_at = -1
@@ -181,21 +182,14 @@ class Dispatcher:
     def _stop_rule_met(self) -> bool:
         """The study's stop rules, read again each time a trial has ended; a verdict is final for
         this launch, printed once and stored on the study with what it saved."""
-        if self.stop_verdict is not None:
-            return True
-        if not self.spec.study.stop.active:
-            return False
-        if self.trials_ended == self._stop_checked_at:
-            return False
+        if self.stopped or not self.spec.study.stop.active or self.trials_ended == self._stop_checked_at:
+            return self.stopped
         self._stop_checked_at = self.trials_ended
-        verdict = stopping.check(self.study, self.spec)
-        if verdict is None:
-            return False
-        self.stop_verdict = verdict
-        saved = stopping.saving(self.study, self.spec)
-        record.store_stopped(self.study, verdict.reason, verdict.at_trial, saved)
-        self.log(f"stop rule met after trial {verdict.at_trial}: {verdict.reason}; saved {saved}")
-        return True
+        line = stopping.end_if_met(self.study, self.spec)
+        if line:
+            self.log(line)
+            self.stopped = True
+        return self.stopped
 
     def _take_over_running_trials(self, per_trial: bool) -> set[str]:
         """Deal with the trials a previous launcher left RUNNING: re-attach per-trial jobs that

@@ -27,8 +27,10 @@ __all__ = ["LaunchOptions", "LaunchSummary", "launch", "summarize"]
 
 def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Log = print) -> LaunchSummary:
     private_dir(spec.workdir)  # logs, checkpoints, submitit's pickles: the owner's only
-    study, backend = open_study(spec, storage, allow_space_change=options.allow_space_change)
+    study, backend, planned = open_study(spec, storage, allow_space_change=options.allow_space_change)
     with lease.held(storage, spec.study.name) as claim:
+        # Under the lease: no other launcher imports meanwhile (and apply skips what is there).
+        warm_start.apply(spec, study, planned, log)
         return _launch_held(spec, storage, options, log, study, backend, claim)
 
 
@@ -41,8 +43,6 @@ def _launch_held(
     backend: BaseStorage,
     claim: lease.Lease,
 ) -> LaunchSummary:
-    # Under the lease: two launchers never import the same study twice.
-    warm_start.apply(spec, study, warm_start.plan(spec, storage, study), log)
     stored = len(record.counted_trials(study))
     enqueued = record.enqueue_first_trials(study, spec)
     log(

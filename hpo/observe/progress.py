@@ -123,16 +123,17 @@ class Progress:
     def _used(self, trials: list[optuna.trial.FrozenTrial]) -> str:
         res = self.spec.resources
         unit = "GPU-hours" if res.gpus_per_node else "CPU-hours"
-        total = 0.0
-        for t in record.own_trials(self.study):  # failed trials that were retried cost too
-            if t.state.name != "WAITING":
-                usage = accounting.trial_estimate(self.spec, t)
-                total += usage.gpu_hours if res.gpus_per_node else usage.cpu_hours
         limit = self.spec.study.budget
+        # With a budget, the launcher's measure (sacct's figures for Slurm jobs) once it has one.
+        total = record.spent_hours(self.study) if limit is not None else None
+        if total is None:
+            total = 0.0
+            for t in record.own_trials(self.study):  # failed trials that were retried cost too
+                if t.state.name != "WAITING":
+                    usage = accounting.trial_estimate(self.spec, t)
+                    total += usage.gpu_hours if res.gpus_per_node else usage.cpu_hours
         if limit is None:
             return f"{accounting.format_hours(total)} {unit} used"
-        # The launcher's budget measure (sacct's figures for Slurm jobs), when it has one.
-        total = record.spent_hours(self.study) or total
         left = max(0.0, limit - total)
         return f"{accounting.format_hours(total)} of {accounting.format_hours(limit)} {unit} used ({accounting.format_hours(left)} left)"
 

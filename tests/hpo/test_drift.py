@@ -30,7 +30,7 @@ def stored_study(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[dict[s
     document = study_document("drift-study", tmp_path / "work", study={"n_trials": 1, "enqueue": []})
     study_file = write_study(tmp_path / "study.yaml", document)
     spec = config.load_study(str(study_file))
-    study, _ = open_study(spec, resolve_storage(spec, url, "--storage"))
+    study, _, _ = open_study(spec, resolve_storage(spec, url, "--storage"))
     trial = study.ask(search.distributions(spec))
     study.tell(trial, 0.5)
     return document, study_file, options

@@ -27,6 +27,11 @@ def quickstart(tmp_path: Path, name: str, *settings: str) -> list[str]:
     return [QUICKSTART, *(arg for s in sets for arg in ("--set", s))]
 
 
+def stop(**rule: object) -> list[str]:
+    """``--set`` values of the study's stop section."""
+    return [f"study.stop.{key}={value}" for key, value in rule.items()]
+
+
 def stored(tmp_path: Path, name: str) -> optuna.Study:
     from optuna.storages.journal import JournalFileBackend
 
@@ -42,11 +47,7 @@ def test_a_patience_rule_ends_the_quickstart_early_and_status_says_why(tmp_path:
     args = quickstart(
         tmp_path,
         "patience",
-        "study.stop.patience=3",
-        "study.stop.min_improvement=0.5",
-        "study.stop.min_trials=4",
-        "study.stop.terminator=true",
-        "study.stop.noise=0.0001",
+        *stop(patience=3, min_improvement=0.5, min_trials=4, terminator="true", noise=0.0001),
     )
     proc = run_hpo("launch", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -78,13 +79,7 @@ def test_a_patience_rule_ends_the_quickstart_early_and_status_says_why(tmp_path:
 def test_the_terminator_records_its_decision_and_ends_the_study_below_the_noise(tmp_path: Path) -> None:
     # The metric's noise given as 0.5 of accuracy: any regret bound of these trials is below it,
     # so the Terminator stops the study as soon as it may look (4 complete trials).
-    args = quickstart(
-        tmp_path,
-        "terminator",
-        "study.stop.terminator=true",
-        "study.stop.noise=0.5",
-        "study.stop.min_trials=4",
-    )
+    args = quickstart(tmp_path, "terminator", *stop(terminator="true", noise=0.5, min_trials=4))
     proc = run_hpo("launch", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Optuna's Terminator: regret bound" in proc.stdout, proc.stdout

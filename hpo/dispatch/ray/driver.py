@@ -158,9 +158,9 @@ def run(
         objective = objective_for(spec)
     objective = objective or TrainerObjective(",".join(population.mutations(spec)) if pbt else "")
     started = time.time()  # an `hpo cancel` from before this launch does not stop it
-    study, backend = open_study(spec, storage, reseed=False, allow_space_change=allow_space_change)
+    study, backend, planned = open_study(spec, storage, reseed=False, allow_space_change=allow_space_change)
     leftovers = fail_leftovers(study)
-    warm_start.apply(spec, study, warm_start.plan(spec, storage, study), log)
+    warm_start.apply(spec, study, planned, log)
     record.enqueue_first_trials(study, spec)
     remaining = spec.study.n_trials - record.started_count(study)
     log(f"study {spec.study.name!r}: {spec.study.n_trials - remaining} of {spec.study.n_trials} trials stored"
@@ -256,11 +256,9 @@ def _ending(spec: StudySpec, study: optuna.Study) -> Callable[[optuna.Study], st
         ended = sum(1 for t in live.get_trials(deepcopy=False) if t.state.is_finished())
         if spec.study.stop.active and ended != checked[0]:
             checked[0] = ended
-            verdict = stopping.check(live, spec)
-            if verdict is not None:
-                saved = stopping.saving(live, spec)
-                record.store_stopped(live, verdict.reason, verdict.at_trial, saved)
-                return f"stop rule met after trial {verdict.at_trial}: {verdict.reason}; saved {saved}"
+            line = stopping.end_if_met(live, spec)
+            if line:
+                return line
         if not gate.allows_another(ended):
             return gate.exhausted_line() if gate.exhausted else optuna_search.HOLD
         return None

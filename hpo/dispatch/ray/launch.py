@@ -41,7 +41,7 @@ def launch(
         with lease.held(storage, spec.study.name):
             driver.run(spec, storage, objective=objective, log=log, allow_space_change=allow_space_change)
         return search.load(spec, check_reachable(storage, spec.source), create=False)
-    study, _ = open_study(spec, storage, reseed=False, allow_space_change=allow_space_change)
+    study, _, _ = open_study(spec, storage, reseed=False, allow_space_change=allow_space_change)
     with lease.held(storage, spec.study.name):
         return _launch_on_slurm(spec, storage, study, objective, log)
 
