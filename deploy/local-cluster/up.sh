@@ -13,10 +13,13 @@ source "$HERE/lib.sh"
 
 [[ $(id -u) -eq 0 ]] || die "run as root (it installs packages and starts system daemons)"
 # One run at a time: two at once (the test workers' fixtures) made PostgreSQL refuse a concurrent
-# role update ("tuple concurrently updated"). The second waits, then only checks.
-mkdir -p /run/lock
-exec 9>/run/lock/hpo-local-cluster-up.lock
-flock 9
+# role update ("tuple concurrently updated"). The second waits, then only checks. flock(1) holds
+# the lock and runs this script again with the lock's descriptor closed (-o): a descriptor this
+# script held would pass to every daemon it starts, and they would keep the lock forever.
+if [[ ${HPO_LOCAL_CLUSTER_LOCKED:-} != 1 ]]; then
+    mkdir -p /run/lock
+    HPO_LOCAL_CLUSTER_LOCKED=1 exec flock -o /run/lock/hpo-local-cluster-up.lock bash "${BASH_SOURCE[0]}" "$@"
+fi
 # Every daemon is started with its output sent to a log file: one holding our stdout open would
 # keep $(up.sh | tail -1) waiting forever.
 start_log() { echo "$SLURM_LOG/start-$1.log"; }
