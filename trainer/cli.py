@@ -3,6 +3,9 @@
 Every config field has a flag (``weight_decay`` -> ``--weight-decay``), generated from the
 dataclass so that the two cannot drift apart; dlojz's short names (``--wd``, ``--mom``,
 ``--image_size``, ``-b``, ``-e``) are aliases. Flags override the file.
+
+``--tune-loader`` trains nothing: it measures the training DataLoader of the same config over a grid
+of loader settings and prints a recommendation (``trainer.loader_sweep``).
 """
 
 from __future__ import annotations
@@ -17,10 +20,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from trainer import loader_sweep
 from trainer.config import TrainConfig, field_types, unwrap_optional
 from trainer.errors import ConfigError, TrialOutOfMemory
 from trainer.sources import check_data_available
 from trainer.yamlfile import load_yaml_mapping
+
+# Options of the command itself, not config keys.
+COMMAND_OPTIONS = ("config", "result_json", "tune_loader", "tune_loader_batches")
 
 EXIT_BAD_INPUT = 2
 EXIT_OUT_OF_MEMORY = 3
@@ -50,6 +57,19 @@ def _optional(convert: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
+def _at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog="python -m trainer",
@@ -57,6 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", type=Path, help="YAML file of config keys; flags override it.")
     parser.add_argument("--result-json", type=Path, help="Also write the result to this JSON file.")
+    parser.add_argument(
+        "--tune-loader",
+        action="store_true",
+        help="Train nothing: measure the training DataLoader's images/s over num_workers, "
+        "prefetch_factor, persistent_workers and pin_memory, and print the fastest cheap setting.",
+    )
+    parser.add_argument(
+        "--tune-loader-batches",
+        type=_at_least(2),
+        metavar="N",
+        help="With --tune-loader: batches read per pass, 2 passes per setting "
+        f"(default: {loader_sweep.DEFAULT_BATCHES_PER_PASS}).",
+    )
     types = field_types()
     for field in dataclasses.fields(TrainConfig):
         flags = ["--" + field.name.replace("_", "-"), *ALIASES.get(field.name, [])]
@@ -78,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_config(argv: Sequence[str] | None = None) -> tuple[TrainConfig, argparse.Namespace]:
     args = build_parser().parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if k not in ("config", "result_json")}
+    overrides = {k: v for k, v in vars(args).items() if k not in COMMAND_OPTIONS}
     if args.config is not None:
         values = load_yaml_mapping(args.config)
         values.update(overrides)
@@ -103,6 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_data_available(config)
         if args.result_json is not None:
             _check_writable(args.result_json)
+        if args.tune_loader_batches is not None and not args.tune_loader:
+            raise ConfigError("--tune-loader-batches needs --tune-loader")
+        if args.tune_loader:
+            batches = args.tune_loader_batches or loader_sweep.DEFAULT_BATCHES_PER_PASS
+            loader_sweep.run(config, batches, args.result_json)
+            return 0
         # Imported here: torch takes seconds to import, and bad input should be reported at once.
         from trainer import distributed
         from trainer.loop import train
