@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from trainer.config import TrainConfig
+from trainer.config import DSDIR_IMAGENET, TrainConfig
 from trainer.errors import ConfigError
 
 FASHION_MNIST_FILES = {
@@ -22,13 +23,20 @@ def find_fashion_mnist_file(root: Path, stem: str) -> Path | None:
     return None
 
 
+def dsdir_hint() -> str:
+    """Why the Jean Zay default ($DSDIR/imagenet/RawImages) did not apply, for the error message."""
+    dsdir = os.environ.get("DSDIR")
+    why = f"{os.path.join(dsdir, DSDIR_IMAGENET)} does not exist" if dsdir else "DSDIR is not set"
+    return f" (the default, $DSDIR/{DSDIR_IMAGENET} on Jean Zay, does not apply: {why})"
+
+
 def check_data_available(config: TrainConfig) -> None:
     """Fail early, with a one-line ConfigError, when the dataset cannot be found."""
     root = config.resolved_data_root
     if config.dataset == "synthetic":
         return
     if root is None:
-        raise ConfigError(f"data_root is required for dataset {config.dataset!r}")
+        raise ConfigError(f"data_root is required for dataset {config.dataset!r}{dsdir_hint()}")
     path = Path(root)
     if config.dataset == "fashion-mnist":
         missing = [

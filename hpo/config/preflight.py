@@ -255,14 +255,16 @@ def check_local_data(spec: StudySpec) -> None:
     """Trials that run here read the dataset from here: it must be on disk before they start."""
     from trainer.config import TrainConfig
     from trainer.errors import ConfigError
-    from trainer.sources import check_data_available
+    from trainer.sources import check_data_available, dsdir_hint
 
     try:
         config = TrainConfig.from_mapping(spec.trainer)
     except ConfigError as err:
         raise StudyFileError(f"{spec.source}: trainer: {err}") from None
     if config.resolved_data_root is None:
-        raise StudyFileError(f"{spec.source}: trainer.data_root: is required for dataset {config.dataset!r}")
+        raise StudyFileError(
+            f"{spec.source}: trainer.data_root: is required for dataset {config.dataset!r}{dsdir_hint()}"
+        )
     try:
         check_data_available(config)
     except ConfigError as err:
