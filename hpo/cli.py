@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     _study_arguments(logs)
     logs.add_argument("trial", type=int, metavar="TRIAL", help="the trial's number (see hpo status)")
     logs.add_argument("--err", action="store_true", help="its stderr (tracebacks, the trainer's log)")
+    logs.add_argument(
+        "--trace", action="store_true", help="where its torch.profiler trace is (study.profile_trials)"
+    )
     return parser
 
 

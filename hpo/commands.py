@@ -60,6 +60,7 @@ class Request:
     out: Path | None = None
     trial: int | None = None
     err: bool = False
+    trace: bool = False
 
 
 def schema_text() -> str:
@@ -206,8 +207,11 @@ def observe(request: Request, spec: StudySpec, storage: StorageRef) -> int:
         lines = [f"report of study {spec.study.name!r}: {written[0]}", *(f"  {p}" for p in written[1:])]
     elif request.command == "logs":
         assert request.trial is not None  # required by the command line
-        sys.stdout.write(views.trial_log(spec, study, request.trial, request.err))
-        return 0
+        if request.trace:
+            lines = views.trial_trace(spec, study, request.trial)
+        else:
+            sys.stdout.write(views.trial_log(spec, study, request.trial, request.err))
+            return 0
     elif request.command == "cancel":
         lines = views.cancel(spec, storage, study)
     else:

@@ -72,3 +72,14 @@ def trial_dir(spec: StudySpec, trial_key: int | str) -> Path:
 def checkpoint_dir(spec: StudySpec, trial_key: int | str) -> Path:
     """Where a trial's checkpoint lives: the same across requeues, and copied for a retry."""
     return trial_dir(spec, trial_key) / "checkpoint"
+
+
+def tensorboard_dir(spec: StudySpec, trial_key: int | str) -> Path:
+    """A trial's TensorBoard event files: under workdir, so ``tensorboard --logdir <workdir>`` shows
+    every trial of every study there, each run named by its study and trial."""
+    return trial_dir(spec, trial_key) / "tensorboard"
+
+
+def profile_dir(spec: StudySpec, trial_key: int | str) -> Path:
+    """A profiled trial's torch.profiler trace, one file per rank."""
+    return trial_dir(spec, trial_key) / "profile"

@@ -26,7 +26,7 @@ as infeasible. The samplers learn from it (TPE ranks infeasible trials below fea
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +66,20 @@ included: what the replay benchmark's clock runs on."""
 ATTR_CURVE = "epoch_values"
 """{epoch: metric} after each epoch, in a multi-objective study (which takes no intermediate values)."""
 ATTR_CPU_HOURS = "cpu_hours"
+# What a built-in trainer trial measured of itself, over the epochs it trained (measurement_attrs).
+ATTR_DATA_WAIT = "data_wait_share"
+"""Share of the training steps' time spent waiting for the next batch (and copying it in)."""
+ATTR_STEP_MS = "step_ms"
+"""Mean milliseconds of a training step by phase: {data, forward, backward, optimizer}."""
+ATTR_PEAK_MEMORY_MIB = "peak_memory_mib"
+"""CUDA's maximum allocated on a GPU, the process's peak RSS on CPU (rank 0)."""
+ATTR_IMAGES_PER_S_PER_GPU = "images_per_s_per_gpu"
+"""Training throughput per rank (per GPU): comparable across trials of different sizes."""
+ATTR_GPU_UTILIZATION = "gpu_utilization"
+"""Mean NVML utilization (%) of rank 0's GPU while training; absent without NVML."""
+ATTR_TRACE = "profile_trace"
+"""The folder of a profiled trial's torch.profiler trace."""
+ATTR_TENSORBOARD = "tensorboard_dir"
 ATTR_RESUMED_FROM = "resumed_from_epoch"
 """The epoch whose checkpoint the trial's last run resumed from (after a requeue, or a retry)."""
 ATTR_RESTARTS = "restarts"
@@ -170,8 +184,11 @@ def set_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
         trial.set_user_attr(key, value)
 
 
-def tune_result_attrs(result: Mapping[str, Any] | None, epochs_done: int, error: bool) -> dict[str, Any]:
-    """The attributes of a finished Ray Tune trial, from its last result (both Ray recorders)."""
+def tune_result_attrs(
+    result: Mapping[str, Any] | None, epochs_done: int, error: bool, ranks: int = 1
+) -> dict[str, Any]:
+    """The attributes of a finished Ray Tune trial, from its last result (both Ray recorders);
+    its measurements are its last epoch's. ``ranks``: the trial's processes (DDP workers)."""
     attrs: dict[str, Any] = {ATTR_FINISHED_AT: now_iso(), ATTR_EPOCHS: epochs_done}
     if result:
         attrs[ATTR_NODES] = result.get("node", "")
@@ -179,8 +196,38 @@ def tune_result_attrs(result: Mapping[str, Any] | None, epochs_done: int, error:
         attrs[ATTR_IMAGES_PER_S] = result.get("images_per_s")
         if result.get("test_accuracy") is not None:
             attrs[ATTR_TEST_ACCURACY] = result["test_accuracy"]
+        if "epoch" in result and "step" in result and "images_per_s" in result:
+            attrs.update(measurement_attrs([result], ranks))
     if error:
         attrs[ATTR_FAIL_REASON] = "the Tune trial raised an error (see its log under ray_results)"
+    return attrs
+
+
+def measurement_attrs(epochs: Sequence[Mapping[str, Any]], world_size: int) -> dict[str, Any]:
+    """The measurement attributes of a trainer trial, from its epochs' metrics (``EpochMetrics``
+    as dicts; epochs without the step phases, written by an older trainer, are left out)."""
+    measured = [m for m in epochs if m.get("data_time_s") is not None]
+    attrs: dict[str, Any] = {}
+    if not measured:
+        return attrs
+    phases = ("data", "forward", "backward", "optimizer")
+    seconds = {p: sum(float(m.get(f"{p}_time_s") or 0.0) for m in measured) for p in phases}
+    total = sum(seconds.values())
+    if total > 0:
+        attrs[ATTR_DATA_WAIT] = round(seconds["data"] / total, 4)
+    # Every epoch of a run has the same number of steps.
+    steps = sum(int(m["step"]) // max(1, int(m["epoch"])) for m in measured)
+    if steps > 0:
+        attrs[ATTR_STEP_MS] = {p: round(1000 * seconds[p] / steps, 3) for p in phases}
+    peaks = [int(m["peak_memory_bytes"]) for m in measured if m.get("peak_memory_bytes") is not None]
+    if peaks:
+        attrs[ATTR_PEAK_MEMORY_MIB] = round(max(peaks) / 2**20, 1)
+    attrs[ATTR_IMAGES_PER_S_PER_GPU] = round(
+        sum(float(m["images_per_s"]) for m in measured) / len(measured) / max(1, world_size), 1
+    )
+    utilization = [float(m["gpu_utilization"]) for m in measured if m.get("gpu_utilization") is not None]
+    if utilization:
+        attrs[ATTR_GPU_UTILIZATION] = round(sum(utilization) / len(utilization), 1)
     return attrs
 
 

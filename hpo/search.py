@@ -12,7 +12,7 @@ import dataclasses
 import inspect
 import json
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -21,7 +21,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from hpo import record
 from hpo.config import RAY_ONLY_PRUNERS
 from hpo.errors import NotReadyError, StudyFileError, one_line
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, field_defaults
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -236,7 +236,9 @@ def check_definition(study: optuna.Study, spec: StudySpec, *, allow_space_change
     if stored is None:
         return True  # a new study, or one stored before definitions were: nothing to compare
     check_metric(study, spec)
-    fixed_changes = _differences(stored.get("fixed", {}), current["fixed"])
+    # A trainer setting the stored study predates reads as its default (what its trials ran with).
+    defaults = field_defaults() if spec.objective is None else {}
+    fixed_changes = _differences(stored.get("fixed", {}), current["fixed"], defaults)
     if fixed_changes:
         key, how = fixed_changes[0]
         more = f" (and {len(fixed_changes) - 1} more)" if len(fixed_changes) > 1 else ""
@@ -293,10 +295,17 @@ def _shown(distribution: BaseDistribution) -> str:
     return f"{kind} [{distribution.low}, {distribution.high}]" + (" log" if distribution.log else "")
 
 
-def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, str]]:
-    """(key, how it changed) for each key added, removed or changed, in key order."""
+def _differences(
+    old: dict[str, Any], new: dict[str, Any], defaults: Mapping[str, Any] | None = None
+) -> list[tuple[str, str]]:
+    """(key, how it changed) for each key added, removed or changed, in key order; a key missing
+    on one side whose value on the other is its entry in ``defaults`` is no change."""
     changes = []
     for key in sorted(set(old) | set(new)):
+        if defaults is not None and key in defaults:
+            old_value = old.get(key, defaults[key])
+            if old_value == new.get(key, defaults[key]):
+                continue
         if key not in old:
             changes.append((key, f"added ({_value(new[key])})"))
         elif key not in new:

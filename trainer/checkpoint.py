@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.config import field_defaults
 from trainer.errors import ConfigError
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -94,8 +95,9 @@ def check_fingerprint(
     path: Path, saved: dict[str, Any], current: dict[str, Any], may_differ: frozenset[str] = frozenset()
 ) -> None:
     """Refuse to continue a run whose training-defining settings changed since the checkpoint."""
+    defaults = field_defaults()
     for key in sorted((set(saved) | set(current)) - may_differ):
-        if saved.get(key) != current.get(key):
+        if saved.get(key, defaults.get(key)) != current.get(key, defaults.get(key)):
             raise ConfigError(
                 f"{key} is {current.get(key)!r} but the checkpoint {path} was written with "
                 f"{saved.get(key)!r}; use another checkpoint_dir or restore the setting"

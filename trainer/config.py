@@ -40,6 +40,9 @@ ANNEAL_STRATEGIES: tuple[str, ...] = typing.get_args(AnnealStrategy)
 
 # Where Debian's package dataset-fashion-mnist puts the raw idx files.
 DEFAULT_FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
+# Where Jean Zay (IDRIS) shares ImageNet, under $DSDIR: train/ and val/ class folders. The default
+# data root of imagefolder and imagenet wherever DSDIR is set and this folder exists.
+DSDIR_IMAGENET = "imagenet/RawImages"
 
 # Fields that do not change what is computed (only how fast, or where things go). A checkpoint
 # written under different values of these may be resumed; any other difference is refused.
@@ -60,6 +63,9 @@ RUNTIME_ONLY_FIELDS = frozenset(
         "val_batch_size",
         "resume_may_change",
         "test_held_out",
+        "load_delay_ms",
+        "profile_dir",
+        "tensorboard_dir",
     }
 )
 # What a resumed run may take up with a new value (Population Based Training hands a run another
@@ -79,11 +85,19 @@ class TrainConfig:
         None,
         "Dataset directory. fashion-mnist: the raw idx(.gz) files (default "
         f"{DEFAULT_FASHION_MNIST_ROOT}); imagefolder: a folder with train/ and val/ class folders; "
-        "imagenet: torchvision's ImageNet layout.",
+        "imagenet: torchvision's ImageNet layout. For those two the default is $DSDIR/imagenet/RawImages "
+        "where DSDIR is set and it exists (Jean Zay's shared datasets).",
     )
     download: bool = field(False, "Download Fashion-MNIST into data_root if it is missing (needs internet).")
     image_size: int | None = field(
         None, "Training crop size in pixels (default: 28 for fashion-mnist, 224 otherwise).", gt=0
+    )
+    val_image_size: int | None = field(
+        None,
+        "Validation size in pixels (default: the training size). Training at a lower resolution than "
+        "validation is the course's ImageNet recipe (176 px to train, 224 px to validate): the random "
+        "crops of training show objects larger than the center crops of validation do.",
+        gt=0,
     )
     synthetic_num_classes: int = field(10, "Number of classes of the synthetic dataset.", gt=0)
     synthetic_train_samples: int = field(10_000, "Training-set size of the synthetic dataset.", gt=0)
@@ -121,6 +135,15 @@ class TrainConfig:
     final_div_factor: float = field(1e4, "OneCycle: final LR = initial LR / final_div_factor; > 0.", gt=0)
     anneal_strategy: AnnealStrategy = field("cos", "OneCycle annealing: cos or linear.")
     three_phase: bool = field(False, "OneCycle: three phases (up, down symmetric, then annihilate).")
+    cycle_momentum: bool = field(
+        False,
+        "OneCycle: cycle SGD's momentum inversely to the LR, from momentum down to base_momentum at the "
+        "LR's peak and back (OneCycleLR's own default, left on by the course's dlojz.py). Off by default "
+        "so that the momentum being tuned is the momentum used.",
+    )
+    base_momentum: float = field(
+        0.85, "OneCycle with cycle_momentum: the momentum at the LR's peak, in [0, momentum].", ge=0, lt=1
+    )
 
     # --- speed ----------------------------------------------------------------------------------
     amp: AmpMode = field(
@@ -139,6 +162,12 @@ class TrainConfig:
     persistent_workers: bool = field(True, "Keep DataLoader workers alive between epochs.")
     prefetch_factor: int = field(2, "Batches each DataLoader worker prepares in advance.", gt=0)
     drop_last: bool = field(True, "Drop the last incomplete training batch.")
+    load_delay_ms: float = field(
+        0.0,
+        "Added wait per training image loaded, in ms: emulates a slow shared filesystem, to see what the "
+        "DataLoader settings hide (python -m trainer --tune-loader) and what the data-wait share shows.",
+        ge=0,
+    )
     device: Device = field("auto", "Device: auto (CUDA if available), cpu or cuda.")
 
     # --- reproducibility, persistence, logging --------------------------------------------------
@@ -155,6 +184,15 @@ class TrainConfig:
     log_every: int = field(
         50, "Print a progress line every this many steps on rank 0 (0: per epoch only).", ge=0
     )
+    profile_dir: str | None = field(
+        None,
+        "Run torch.profiler over steps 2-6 of the first epoch trained (wait 1, warm-up 1, active 5), "
+        "with shapes and memory, and write its trace into this folder (TensorBoard's profiler plugin "
+        "or Perfetto read it).",
+    )
+    tensorboard_dir: str | None = field(
+        None, "Write TensorBoard event files here: per-epoch metrics, learning rate, throughput, data wait."
+    )
     dist_timeout_s: int = field(600, "Timeout of collective operations across ranks, in seconds.", gt=0)
 
     def __post_init__(self) -> None:
@@ -170,6 +208,11 @@ class TrainConfig:
                 )
         if self.nesterov and self.momentum == 0:
             raise ConfigError("nesterov needs momentum > 0, got momentum=0")
+        if self.cycle_momentum and self.base_momentum > self.momentum:
+            raise ConfigError(
+                f"base_momentum {self.base_momentum} is above momentum {self.momentum}: with cycle_momentum "
+                "the momentum falls from momentum to base_momentum"
+            )
         if self.width != 16 and self.model not in CIFAR_MODELS:
             raise ConfigError(
                 f"width applies to the CIFAR-style models ({', '.join(CIFAR_MODELS)}), not {self.model!r}"
@@ -183,11 +226,19 @@ class TrainConfig:
         return 28 if self.dataset == "fashion-mnist" else 224
 
     @property
+    def resolved_val_image_size(self) -> int:
+        return self.val_image_size if self.val_image_size is not None else self.resolved_image_size
+
+    @property
     def resolved_data_root(self) -> str | None:
         if self.data_root is not None:
             return os.path.expanduser(self.data_root)
         if self.dataset == "fashion-mnist":
             return DEFAULT_FASHION_MNIST_ROOT
+        if self.dataset in ("imagefolder", "imagenet") and os.environ.get("DSDIR"):
+            shared = os.path.join(os.environ["DSDIR"], DSDIR_IMAGENET)
+            if os.path.isdir(shared):
+                return shared
         return None
 
     @property
@@ -222,6 +273,14 @@ class TrainConfig:
 
 def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(TrainConfig)]
+
+
+@functools.cache
+def field_defaults() -> dict[str, Any]:
+    """Each field's default. A fingerprint stored before a field existed lacks its key; comparing it
+    as the default keeps studies and checkpoints of an older version resumable while the new
+    setting keeps the behaviour they were computed with."""
+    return {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 
 
 @functools.cache

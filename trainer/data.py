@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import random
 import struct
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,29 +162,25 @@ class TorchvisionRandom:
 RandomTransform = Callable[[Any, random.Random], torch.Tensor]
 
 
-def imagenet_transforms(image_size: int) -> tuple[RandomTransform, Transform]:
+def imagenet_transforms(image_size: int, val_size: int) -> tuple[RandomTransform, Transform]:
     """The reference ImageNet recipe: RandomResizedCrop + flip to train, resize + center crop to validate."""
     to_uint8 = [v2.ToImage(), v2.ToDtype(torch.uint8)]
     train = v2.Compose(
         [v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip(), *to_uint8]
     )
-    val = v2.Compose(
-        [v2.Resize(round(image_size / 0.875), antialias=True), v2.CenterCrop(image_size), *to_uint8]
-    )
+    val = v2.Compose([v2.Resize(round(val_size / 0.875), antialias=True), v2.CenterCrop(val_size), *to_uint8])
     return TorchvisionRandom(train), val
 
 
-def small_folder_transforms(image_size: int) -> tuple[RandomTransform, Transform]:
+def small_folder_transforms(image_size: int, val_size: int) -> tuple[RandomTransform, Transform]:
     """Small images read from folders: decode and resize, then the light augmentation."""
-    decode = v2.Compose(
-        [
-            v2.ToImage(),
-            v2.Resize(image_size, antialias=True),
-            v2.CenterCrop(image_size),
-            v2.ToDtype(torch.uint8),
-        ]
-    )
-    return DecodeThenAugment(decode, PadCropFlip(image_size, image_size // 8)), decode
+
+    def decode(size: int) -> Transform:
+        return v2.Compose(
+            [v2.ToImage(), v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.ToDtype(torch.uint8)]
+        )
+
+    return DecodeThenAugment(decode(image_size), PadCropFlip(image_size, image_size // 8)), decode(val_size)
 
 
 class DecodeThenAugment:
@@ -218,17 +215,24 @@ class SeededTransform(Dataset[tuple[torch.Tensor, int]]):
     """
 
     def __init__(
-        self, base: Dataset[tuple[Any, int]], transform: RandomTransform | Transform | None, seed: int
+        self,
+        base: Dataset[tuple[Any, int]],
+        transform: RandomTransform | Transform | None,
+        seed: int,
+        load_delay_s: float = 0.0,
     ) -> None:
         self.base = base
         self.transform = transform
         self.seed = seed
+        self.load_delay_s = load_delay_s
 
     def __len__(self) -> int:
         return len(self.base)  # type: ignore[arg-type]
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
         epoch, index = key if isinstance(key, tuple) else (None, key)
+        if self.load_delay_s:
+            time.sleep(self.load_delay_s)  # a slow filesystem's latency: waits, spends no CPU
         image, label = self.base[index]
         if self.transform is None:
             return image, label
@@ -294,7 +298,7 @@ def fixed_subset(size: int, fraction: float, seed: int) -> list[int]:
 # --- assembly ------------------------------------------------------------------------------------
 def build_datasets(config: TrainConfig) -> DataBundle:
     check_data_available(config)
-    size = config.resolved_image_size
+    size, val_size = config.resolved_image_size, config.resolved_val_image_size
     train_base: Dataset[tuple[Any, int]]
     val_base: Dataset[tuple[Any, int]]
     train_tf: RandomTransform | None
@@ -303,27 +307,29 @@ def build_datasets(config: TrainConfig) -> DataBundle:
     std: tuple[float, ...]
     if config.dataset == "fashion-mnist":
         train_base, val_base = load_fashion_mnist(config)
-        if size != 28:  # resize the whole in-memory set once, not every sample every epoch
+        # Resized once as a whole in memory, not every sample every epoch.
+        if size != 28:
             train_base.resize(size)
-            val_base.resize(size)
+        if val_size != 28:
+            val_base.resize(val_size)
         train_tf, val_tf = PadCropFlip(size, size // 8), None
         mean, std, num_classes, channels = FASHION_MNIST_MEAN, FASHION_MNIST_STD, 10, 1
     elif config.dataset in ("imagefolder", "imagenet"):
         train_folder, val_folder = _open_folders(config)
         train_base, val_base = train_folder, val_folder
         if size <= SMALL_IMAGE_MAX:
-            train_tf, val_tf = small_folder_transforms(size)
+            train_tf, val_tf = small_folder_transforms(size, val_size)
         else:
-            train_tf, val_tf = imagenet_transforms(size)
+            train_tf, val_tf = imagenet_transforms(size, val_size)
         mean, std, num_classes, channels = IMAGENET_MEAN, IMAGENET_STD, len(train_folder.classes), 3
     else:
         classes = config.synthetic_num_classes
         train_base = SyntheticImages(config.synthetic_train_samples, 3, size, classes, config.seed)
-        val_base = SyntheticImages(config.synthetic_val_samples, 3, size, classes, config.seed + 1)
+        val_base = SyntheticImages(config.synthetic_val_samples, 3, val_size, classes, config.seed + 1)
         train_tf = val_tf = None
         mean, std, num_classes, channels = (127.5 / 255,) * 3, (64 / 255,) * 3, classes, 3
     return DataBundle(
-        train=SeededTransform(train_base, train_tf, config.seed),
+        train=SeededTransform(train_base, train_tf, config.seed, config.load_delay_ms / 1000),
         val=SeededTransform(val_base, val_tf, config.seed),
         train_size=len(train_base),  # type: ignore[arg-type]
         val_size=len(val_base),  # type: ignore[arg-type]

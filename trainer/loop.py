@@ -7,10 +7,9 @@ iteration, automatic mixed precision, channels_last, DistributedDataParallel acr
 from __future__ import annotations
 
 import logging
-import resource
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -22,24 +21,31 @@ from trainer import checkpoint, distributed
 from trainer.config import TrainConfig
 from trainer.data import build_datasets, build_held_out_loader, build_loaders
 from trainer.errors import ConfigError, StopRequested, TrialOutOfMemory
+from trainer.measure import StepProfiler, TensorBoardLog, UtilizationSampler, peak_memory_bytes
 from trainer.models import build_model
 from trainer.reporting import Decision, EpochMetrics, Reporter, TimeBreakdown, TrainResult
 from trainer.timing import PhaseTimer
 
 log = logging.getLogger("trainer")
 
+# The phases of a training step, in order (PhaseTimer marks).
+STEP_PHASES = ("data", "forward", "backward", "optimizer")
 # Values broadcast from rank 0 after the reporter ran.
 _CONTINUE, _STOP, _REPORTER_FAILED = 0, 1, 2
 
 
-def train(config: TrainConfig, reporter: Reporter | None = None) -> TrainResult:
-    """Run one training; ``reporter`` (used on rank 0 only) sees each epoch and may stop the run."""
+def train(
+    config: TrainConfig, reporter: Reporter | None = None, hparams: Mapping[str, Any] | None = None
+) -> TrainResult:
+    """Run one training; ``reporter`` (used on rank 0 only) sees each epoch and may stop the run.
+    ``hparams``: what TensorBoard's HParams view shows of the run (with ``tensorboard_dir``; by
+    default the usual tuned settings)."""
     env = distributed.detect()
     device = resolve_device(config, env)
     backend = "nccl" if device.type == "cuda" else "gloo"
     created = distributed.init_process_group(env, backend, config.dist_timeout_s, config.checkpoint_dir)
     try:
-        return _Run(config, env, device, reporter).run()
+        return _Run(config, env, device, reporter, hparams).run()
     finally:
         # A group set up by the caller (Ray Train) is the caller's to destroy.
         if created:
@@ -75,9 +81,27 @@ def oom_as_trial_error(batch_size: int, device: str) -> Iterator[None]:
         raise TrialOutOfMemory(batch_size, device, str(err)) from err
 
 
+# What TensorBoard's HParams view shows of a run started by hand.
+DEFAULT_HPARAMS = (
+    "model",
+    "batch_size",
+    "lr",
+    "weight_decay",
+    "momentum",
+    "pct_start",
+    "div_factor",
+    "epochs",
+)
+
+
 class _Run:
     def __init__(
-        self, config: TrainConfig, env: distributed.DistEnv, device: torch.device, reporter: Reporter | None
+        self,
+        config: TrainConfig,
+        env: distributed.DistEnv,
+        device: torch.device,
+        reporter: Reporter | None,
+        hparams: Mapping[str, Any] | None = None,
     ) -> None:
         self.config = config
         self.env = env
@@ -87,6 +111,9 @@ class _Run:
         self.memory_format = torch.channels_last if config.channels_last else torch.preserve_format
         self.timer = PhaseTimer(device)
         self.wall_start = time.perf_counter()
+        self.hparams = (
+            dict(hparams) if hparams is not None else {k: getattr(config, k) for k in DEFAULT_HPARAMS}
+        )
 
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = config.cudnn_benchmark
@@ -153,9 +180,11 @@ class _Run:
             final_div_factor=config.final_div_factor,
             anneal_strategy=config.anneal_strategy,
             three_phase=config.three_phase,
-            # OneCycleLR would otherwise overwrite SGD's momentum with its own 0.85-0.95 cycle,
-            # and the momentum being tuned would have no effect.
-            cycle_momentum=False,
+            # Off by default: OneCycleLR would overwrite SGD's momentum with its own cycle, and the
+            # momentum being tuned would have no effect. On, it cycles between the two settings.
+            cycle_momentum=config.cycle_momentum,
+            base_momentum=config.base_momentum,
+            max_momentum=config.momentum,
         )
         # bf16 has fp32's exponent range: only fp16 needs loss scaling.
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
@@ -196,11 +225,32 @@ class _Run:
         resumed_epochs = len(history)
         # A run stopped by its reporter stays stopped when it is started again (a requeued pruned trial).
         end_epoch = start_epoch if stopped else config.epochs
+        self.utilization = UtilizationSampler(self.device) if env.is_main else None
+        self.profiler = StepProfiler(config.profile_dir, self.device, env.rank)
+        self.tensorboard = (
+            TensorBoardLog(config.tensorboard_dir, self.hparams)
+            if config.tensorboard_dir and env.is_main and start_epoch < end_epoch
+            else None
+        )
+        try:
+            stopped = self._epochs(history, start_epoch, end_epoch, stopped)
+        finally:
+            if self.utilization is not None:
+                self.utilization.close()
+            if self.tensorboard is not None:
+                self.tensorboard.close()
+        return self._result(history, start_epoch, stopped, history[resumed_epochs:])
+
+    def _epochs(self, history: list[EpochMetrics], start_epoch: int, end_epoch: int, stopped: bool) -> bool:
+        """Train epochs ``start_epoch`` to ``end_epoch`` (appended to ``history``); True if stopped."""
+        config, env = self.config, self.env
         # A reporter that hands the epoch's checkpoint on (Ray Tune's PBT) needs it written first.
         save_first = bool(config.checkpoint_dir) and getattr(self.reporter, "checkpoint_before_report", False)
         for epoch in range(start_epoch, end_epoch):
             metrics = self._epoch(epoch)
             history.append(metrics)
+            if self.tensorboard is not None:
+                self.tensorboard.epoch(metrics)
             if save_first:
                 self._save(epoch + 1, metrics.step, history, stopped=False)
             decision = self._report(metrics)
@@ -211,7 +261,7 @@ class _Run:
                 if env.is_main:
                     log.info("stopped by the reporter after epoch %d", epoch + 1)
                 break
-        return self._result(history, start_epoch, stopped, history[resumed_epochs:])
+        return stopped
 
     def _save(self, epoch: int, step: int, history: list[EpochMetrics], stopped: bool) -> None:
         if not self.env.is_main:
@@ -266,43 +316,17 @@ class _Run:
         # Sums stay on the device: reading them every step would synchronize the GPU every step.
         # train (loss, correct, seen), validation (the same), held-out test (the same)
         sums = torch.zeros(9, dtype=torch.float64, device=self.device)
+        phases_before = self.timer.collect()
         began = time.perf_counter()
         self.timer.start()
-        batches = iter(self.train_loader)
-        for step in range(self.steps_per_epoch):
-            images, labels = next(batches)
-            with self._oom_as_trial_error():
-                images, labels = self._to_device(images, labels)
-                self.timer.mark("data")
-                with self._autocast():
-                    logits = self.model(images)
-                    loss = self.criterion(logits, labels)
-                self.timer.mark("forward")
-                self.optimizer.zero_grad(set_to_none=True)
-                self.scaler.scale(loss).backward()
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-                self.scheduler.step()
-                self.timer.mark("backward")
-            sums[0] += loss.detach() * labels.size(0)
-            sums[1] += (logits.argmax(1) == labels).sum()
-            sums[2] += labels.size(0)
-            if env.is_main and config.log_every and (step + 1) % config.log_every == 0:
-                elapsed = time.perf_counter() - began
-                log.info(
-                    "epoch %d step %d/%d loss %.4f lr %.4g %.0f img/s",
-                    epoch + 1,
-                    step + 1,
-                    self.steps_per_epoch,
-                    loss.item(),
-                    self.scheduler.get_last_lr()[0],
-                    (step + 1) * config.batch_size * env.world_size / elapsed,
-                )
-        del batches  # non-persistent workers shut down here, not during validation
+        with self.profiler.epoch() as profiling:
+            self._train_steps(epoch, sums, began, profiling)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         train_time = time.perf_counter() - began
-        self.timer.collect()
+        phases = self.timer.collect()
+        spent = {name: phases.get(name, 0.0) - phases_before.get(name, 0.0) for name in STEP_PHASES}
+        gpu_utilization = self.utilization.take_mean() if self.utilization is not None else None
 
         began_val = time.perf_counter()
         self._validate(self.val_loader, sums[3:6])
@@ -330,6 +354,12 @@ class _Run:
             epoch_time_s=time.perf_counter() - began,
             test_loss=test_loss / test_seen if tested and test_seen else None,
             test_accuracy=test_correct / test_seen if tested and test_seen else None,
+            data_time_s=spent["data"],
+            forward_time_s=spent["forward"],
+            backward_time_s=spent["backward"],
+            optimizer_time_s=spent["optimizer"],
+            peak_memory_bytes=peak_memory_bytes(self.device),
+            gpu_utilization=gpu_utilization,
         )
         if env.is_main:
             log.info(
@@ -351,6 +381,43 @@ class _Run:
                     int(test_seen),
                 )
         return metrics
+
+    def _train_steps(self, epoch: int, sums: torch.Tensor, began: float, profiling: Any) -> None:
+        """One epoch's training steps, adding (loss, correct, seen) to ``sums[0:3]``."""
+        config, env = self.config, self.env
+        batches = iter(self.train_loader)
+        for step in range(self.steps_per_epoch):
+            images, labels = next(batches)
+            with self._oom_as_trial_error():
+                images, labels = self._to_device(images, labels)
+                self.timer.mark("data")
+                with self._autocast():
+                    logits = self.model(images)
+                    loss = self.criterion(logits, labels)
+                self.timer.mark("forward")
+                self.optimizer.zero_grad(set_to_none=True)
+                self.scaler.scale(loss).backward()
+                self.timer.mark("backward")
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.scheduler.step()
+                self.timer.mark("optimizer")
+            StepProfiler.step(profiling)
+            sums[0] += loss.detach() * labels.size(0)
+            sums[1] += (logits.argmax(1) == labels).sum()
+            sums[2] += labels.size(0)
+            if env.is_main and config.log_every and (step + 1) % config.log_every == 0:
+                elapsed = time.perf_counter() - began
+                log.info(
+                    "epoch %d step %d/%d loss %.4f lr %.4g %.0f img/s",
+                    epoch + 1,
+                    step + 1,
+                    self.steps_per_epoch,
+                    loss.item(),
+                    self.scheduler.get_last_lr()[0],
+                    (step + 1) * config.batch_size * env.world_size / elapsed,
+                )
+        del batches  # non-persistent workers shut down here, before validation starts its own
 
     @torch.no_grad()
     def _validate(self, loader: Any, sums: torch.Tensor) -> None:
@@ -396,10 +463,7 @@ class _Run:
     ) -> TrainResult:
         """``ran``: the epochs this process trained (``history`` also holds those of a checkpoint)."""
         phases = self.timer.collect()
-        if self.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.device)
-        else:
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        peak = peak_memory_bytes(self.device)
         last = history[-1] if history else None
         return TrainResult(
             epochs_completed=last.epoch if last else 0,
@@ -418,6 +482,7 @@ class _Run:
                 data=phases.get("data", 0.0),
                 forward=phases.get("forward", 0.0),
                 backward=phases.get("backward", 0.0),
+                optimizer=phases.get("optimizer", 0.0),
                 validation=phases.get("validation", 0.0),
                 checkpoint=phases.get("checkpoint", 0.0),
                 total=time.perf_counter() - self.wall_start,

@@ -16,6 +16,20 @@ class Decision(enum.IntEnum):
     STOP = 1
 
 
+# EpochMetrics fields each rank measures for itself (the others are reduced across ranks).
+PER_RANK_FIELDS = (
+    "images_per_s",
+    "train_time_s",
+    "epoch_time_s",
+    "data_time_s",
+    "forward_time_s",
+    "backward_time_s",
+    "optimizer_time_s",
+    "peak_memory_bytes",
+    "gpu_utilization",
+)
+
+
 @dataclass
 class EpochMetrics:
     """One epoch's metrics, already reduced across all ranks."""
@@ -39,6 +53,26 @@ class EpochMetrics:
     test_loss: float | None = None
     test_accuracy: float | None = None
     """On the held-out test images, after the last epoch only and with ``test_held_out`` only."""
+    # Where the training steps' time went, on rank 0 (None in a history written before they were
+    # measured). "data" is the wait for the next batch and its copy to the device: on a GPU, the
+    # time the GPU sat idle for it.
+    data_time_s: float | None = None
+    forward_time_s: float | None = None
+    backward_time_s: float | None = None
+    optimizer_time_s: float | None = None
+    peak_memory_bytes: int | None = None
+    """So far in the run: CUDA's maximum allocated on a GPU, the process's peak RSS on CPU (rank 0)."""
+    gpu_utilization: float | None = None
+    """Mean NVML utilization (%) of rank 0's GPU during the epoch's training; None without NVML."""
+
+    @property
+    def data_wait_share(self) -> float | None:
+        """The share of the training steps' time spent waiting for data."""
+        parts = (self.data_time_s, self.forward_time_s, self.backward_time_s, self.optimizer_time_s)
+        if any(p is None for p in parts):
+            return None
+        total = sum(p for p in parts if p is not None)
+        return (self.data_time_s or 0.0) / total if total > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,7 +98,8 @@ class TimeBreakdown:
     """Waiting for the next batch and copying it to the device."""
     forward: float = 0.0
     backward: float = 0.0
-    """Backward pass and optimizer step."""
+    optimizer: float = 0.0
+    """The optimizer step, the gradient scaler's update and the schedule's step."""
     validation: float = 0.0
     checkpoint: float = 0.0
     total: float = 0.0

@@ -251,6 +251,18 @@ class StudySection:
     warm_start: Annotated[WarmStartSpec, nested(WarmStartSpec)] = field(
         factory=WarmStartSpec, help="Seed the study with the finished trials of earlier studies."
     )
+    tensorboard: bool = field(
+        True,
+        "Built-in trainer: write each trial's TensorBoard event files (per-epoch metrics, learning "
+        "rate, throughput, data wait; its parameters in the HParams view) under workdir, for "
+        "`tensorboard --logdir <workdir>`.",
+    )
+    profile_trials: int = field(
+        0,
+        "Built-in trainer: run torch.profiler in the first this many trials (numbers 0 to K-1) over "
+        "steps 2-6 of their first epoch; `hpo logs STUDY TRIAL --trace` says where the trace is.",
+        ge=0,
+    )
 
     def __post_init__(self) -> None:
         _safe_name("name", self.name)
@@ -748,6 +760,10 @@ def _build_objective_spec(
             "objective", "a study tunes the built-in trainer or its own objective, not both: remove trainer"
         )
     objective = _section(ObjectiveSection, document["objective"], "objective")
+    if study.profile_trials:
+        raise _KeyProblem(
+            "study.profile_trials", "profiles the built-in trainer; profile your own code in your script"
+        )
     if study.direction is None:
         raise _KeyProblem("study.direction", f"is required for metric {study.metric!r}: maximize or minimize")
     if study.pruner.name == "pbt":
@@ -829,6 +845,11 @@ def tunable_keys() -> list[str]:
 def _check_trainer_section(trainer: dict[str, Any]) -> None:
     if "checkpoint_dir" in trainer:
         raise _KeyProblem("trainer.checkpoint_dir", "is set by the service for each trial (under workdir)")
+    for key, instead in (("tensorboard_dir", "study.tensorboard"), ("profile_dir", "study.profile_trials")):
+        if key in trainer:
+            raise _KeyProblem(
+                f"trainer.{key}", f"is set by the service for each trial (under workdir): use {instead}"
+            )
     try:
         TrainConfig.from_mapping(trainer)
     except ConfigError as err:

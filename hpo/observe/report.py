@@ -34,6 +34,17 @@ if TYPE_CHECKING:
 _STATE_COLORS = {"COMPLETE": "#1f77b4", "PRUNED": "#d62728", "FAIL": "#7f7f7f", "RUNNING": "#2ca02c"}
 
 
+# What each trial measured of itself (the built-in trainer), in summary.json.
+MEASUREMENT_ATTRS = (
+    record.ATTR_DATA_WAIT,
+    record.ATTR_STEP_MS,
+    record.ATTR_PEAK_MEMORY_MIB,
+    record.ATTR_IMAGES_PER_S_PER_GPU,
+    record.ATTR_GPU_UTILIZATION,
+    record.ATTR_TRACE,
+)
+
+
 def write_report(spec: StudySpec, study: optuna.Study, out: Path) -> list[Path]:
     """Write the report into ``out``; return the files written."""
     try:  # the report's own extra: imported here, so that the rest of hpo runs without it
@@ -262,6 +273,12 @@ def _write_summary(
         "stopped": record.stopped(study),
         "terminator": stopping.terminator_evaluation(study),
         "imported_trials": record.imported_count(study),
+        "measurements": {
+            str(t.number): {key: t.user_attrs[key] for key in MEASUREMENT_ATTRS if key in t.user_attrs}
+            for t in trials
+            if any(key in t.user_attrs for key in MEASUREMENT_ATTRS)
+        },
+        "input": views.input_verdict(trials),
     }
     path.write_text(json.dumps(summary, indent=2) + "\n")
     return path
@@ -301,6 +318,8 @@ Metric: {html.escape(spec.study.metric)} ({html.escape(str(spec.study.direction)
 <pre>{html.escape(chr(10).join(best_lines))}</pre>
 <h2 id="cost">Cost</h2>
 <p>{"<br>".join(html.escape(line) for line in [views.cost_line(cost), *views.ending_lines(spec, study, cost)])}</p>
+<h2 id="inside">Inside the trials</h2>
+<p>{html.escape(" ".join(views.input_lines(spec, trials)) or "no trial measured its steps (the built-in trainer does)")}</p>
 {chr(10).join(sections)}
 <h2 id="trials">Trials</h2>
 <pre>{html.escape(status)}</pre>

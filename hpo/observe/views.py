@@ -7,6 +7,7 @@ import dataclasses
 import os
 import shlex
 import signal
+import statistics
 import sys
 import time
 from collections import Counter
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from submitit.core.utils import JobPaths
 
-from hpo import record, search
+from hpo import paths, record, search
 from hpo.budget import stopping
 from hpo.config.command import render
 from hpo.dispatch.lease import Lease
@@ -74,7 +75,10 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
     ]
     cost = cost or accounting.study_cost(spec, trials)
     unit = "GPU-h" if cost.unit == "GPU-hours" else "CPU-h"
-    header = ("#", "state", "epoch", spec.study.metric, "job", "elapsed", unit, "params / reason")
+    # What the trials measured of themselves (the built-in trainer): shown once any trial has it.
+    measured = any(record.ATTR_DATA_WAIT in t.user_attrs for t in trials)
+    extra = ("data wait", "img/s/GPU", "peak MiB") if measured else ()
+    header = ("#", "state", "epoch", spec.study.metric, "job", "elapsed", unit, *extra, "params / reason")
     rows: list[tuple[str, ...]] = [header]
     front = {t.number for t in record.pareto_front(study, spec)}
     for t in trials:
@@ -103,14 +107,78 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
             str(t.user_attrs.get(record.ATTR_JOB_ID, "-")),
             "-" if elapsed is None else f"{float(elapsed):.0f}s",
             accounting.format_hours(cost.of(cost.per_trial[t.number])) if t.number in cost.per_trial else "-",
+            *(_measurement_cells(t) if measured else ()),
             detail,
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
     lines.append(cost_line(cost))
+    lines.extend(input_lines(spec, trials))
     lines.extend(ending_lines(spec, study, cost))
     return lines
+
+
+INPUT_BOUND_SHARE = 0.3
+"""A trial whose training steps waited for data this share of their time or more is input-bound:
+its GPU (or CPU) idled while the DataLoader decoded, and a better loader setting buys speed for
+free. A fed model waits a few percent (the copy of each batch)."""
+
+
+def _measurement_cells(trial: optuna.trial.FrozenTrial) -> tuple[str, str, str]:
+    attrs = trial.user_attrs
+    share = attrs.get(record.ATTR_DATA_WAIT)
+    speed = attrs.get(record.ATTR_IMAGES_PER_S_PER_GPU)
+    peak = attrs.get(record.ATTR_PEAK_MEMORY_MIB)
+    return (
+        "-" if share is None else f"{100 * share:.0f}%",
+        "-" if speed is None else f"{speed:.0f}",
+        "-" if peak is None else f"{peak:.0f}",
+    )
+
+
+def input_verdict(trials: list[optuna.trial.FrozenTrial]) -> dict[str, Any] | None:
+    """Whether the study's trials wait for their data: the measured trials, those input-bound
+    (numbers), and the median data-wait share of each group. None before any trial measured."""
+    shares = {
+        t.number: float(t.user_attrs[record.ATTR_DATA_WAIT])
+        for t in trials
+        if t.user_attrs.get(record.ATTR_DATA_WAIT) is not None
+    }
+    if not shares:
+        return None
+    bound = sorted(n for n, share in shares.items() if share >= INPUT_BOUND_SHARE)
+    return {
+        "measured": len(shares),
+        "input_bound": bound,
+        "median_share": statistics.median(shares.values()),
+        "median_share_input_bound": statistics.median(shares[n] for n in bound) if bound else None,
+        "threshold": INPUT_BOUND_SHARE,
+    }
+
+
+def input_lines(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> list[str]:
+    """One line: are the trials input-bound, and which setting to change if so."""
+    verdict = input_verdict(trials)
+    if verdict is None:
+        return []
+    bound, measured = verdict["input_bound"], verdict["measured"]
+    if not bound:
+        return [
+            f"input: data wait {100 * verdict['median_share']:.0f}% of step time (median of {measured} "
+            "trials): not input-bound"
+        ]
+    workers = int(spec.trainer.get("num_workers", TrainConfig.num_workers))
+    advice = (
+        "set trainer.num_workers above 0"
+        if workers == 0
+        else f"raise trainer.num_workers (now {workers}) or prefetch_factor"
+    )
+    return [
+        f"input-bound: data wait {100 * verdict['median_share_input_bound']:.0f}% of step time in "
+        f"{len(bound)} of {measured} trials: {advice} "
+        "(python -m trainer --tune-loader --config <the trainer section> measures the best setting)"
+    ]
 
 
 def ending_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCost) -> list[str]:
@@ -333,15 +401,39 @@ def _cancel_job(spec: StudySpec, kind: Any, job_id: str) -> None:
         raise LaunchError(f"cannot cancel Slurm job {job_id}: {err}") from None
 
 
-def trial_log(spec: StudySpec, study: optuna.Study, number: int, stderr: bool) -> str:
-    """The Slurm (or local) output of trial ``number``'s job, rank 0's."""
+def trial_trace(spec: StudySpec, study: optuna.Study, number: int) -> list[str]:
+    """Where trial ``number``'s torch.profiler trace is, and how to open it."""
+    trial = _trial(spec, study, number)
+    folder = paths.profile_dir(spec, trial.number)
+    traces = sorted(folder.glob("*.pt.trace.json*")) if folder.is_dir() else []
+    if not traces:
+        profiled = trial.number < spec.study.profile_trials
+        why = (
+            f"it has not reached its first steps yet ({trial.state.name})"
+            if profiled
+            else f"study.profile_trials is {spec.study.profile_trials}: trials 0 to K-1 are profiled"
+        )
+        raise LaunchError(f"trial {number} has no profiler trace in {folder}: {why}")
+    return [
+        *(str(path) for path in traces),
+        f"open one in https://ui.perfetto.dev (the file stays local), or: tensorboard --logdir {folder} "
+        "with the profiler plugin (pip install torch-tb-profiler)",
+    ]
 
+
+def _trial(spec: StudySpec, study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     trial = trials.get(number)
     if trial is None:
         raise StudyFileError(
             f"{spec.source}: trial {number}: no such trial in study {spec.study.name!r} (0 to {len(trials) - 1})"
         )
+    return trial
+
+
+def trial_log(spec: StudySpec, study: optuna.Study, number: int, stderr: bool) -> str:
+    """The Slurm (or local) output of trial ``number``'s job, rank 0's."""
+    trial = _trial(spec, study, number)
     job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
     executor = trial.user_attrs.get(record.ATTR_EXECUTOR)
     if job_id is None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hpo import record
 from hpo.config.command import import_function
-from hpo.paths import checkpoint_dir, private_dir
+from hpo.paths import checkpoint_dir, private_dir, profile_dir, tensorboard_dir
 from hpo.trial import client
 from trainer.reporting import Decision, EpochMetrics
 
@@ -93,12 +93,16 @@ class TrainerObjective:
         from trainer import train
 
         torch.set_num_threads(spec.resources.cpus_per_task)
+        profiled = isinstance(trial_key, int) and trial_key < spec.study.profile_trials
         config = spec.trainer_config(
             params,
             checkpoint_dir=str(checkpoint_dir(spec, trial_key)),
             resume_may_change=self.resume_may_change,
+            tensorboard_dir=str(tensorboard_dir(spec, trial_key)) if spec.study.tensorboard else None,
+            profile_dir=str(profile_dir(spec, trial_key)) if profiled else None,
         )
-        result = train(config, reporter)
+        hparams = {"trial": str(trial_key), **params}
+        result = train(config, reporter, hparams=hparams)
         last = result.history[-1] if result.history else None
         value = float(getattr(last, spec.study.metric)) if last is not None else float("nan")
         return ObjectiveResult(
@@ -120,6 +124,9 @@ class TrainerObjective:
                     else {}
                 ),
                 record.ATTR_IMAGES_PER_S: result.train_images_per_s,
+                **record.measurement_attrs([m.to_dict() for m in result.history], result.world_size),
+                **({record.ATTR_TENSORBOARD: config.tensorboard_dir} if config.tensorboard_dir else {}),
+                **({record.ATTR_TRACE: config.profile_dir} if config.profile_dir else {}),
                 **(
                     {record.ATTR_TEST_ACCURACY: last.test_accuracy}
                     if last is not None and last.test_accuracy is not None

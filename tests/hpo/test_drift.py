@@ -160,3 +160,29 @@ def test_a_space_change_optuna_cannot_model_is_refused_even_with_the_option(stor
         0,
         None,
     )
+
+
+def test_a_study_stored_before_a_trainer_setting_existed_relaunches(stored_study: Stored) -> None:
+    """A definition stored by an older version lacks the settings added since (cycle_momentum,
+    val_image_size, ...): its trials ran with their defaults, so the same file relaunches, and a
+    file that sets one of them otherwise is a change like any other."""
+    import optuna
+
+    from hpo import record
+
+    document, study_file, options = stored_study
+    storage = options[1] if options else journal(document)
+
+    study = optuna.load_study(study_name=document["study"]["name"], storage=storage)
+    definition = record.stored_definition(study)
+    assert definition is not None
+    for key in ("cycle_momentum", "base_momentum", "val_image_size"):
+        del definition["fixed"][key]
+    record.store_definition(study, definition)
+    again = run_hpo("launch", str(study_file), *options, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    line = one_line_refusal(
+        relaunch_with(document, study_file, options, lambda d: d["trainer"].update(cycle_momentum=True))
+    )
+    # The relaunch stored the definition anew, with every setting.
+    assert "trainer.cycle_momentum: False -> True since the stored study 'drift-study'" in line, line

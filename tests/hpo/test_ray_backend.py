@@ -246,6 +246,9 @@ def test_local_ray_backend_runs_each_trial_as_a_ddp_run_of_ray_train_workers(
         assert sorted(trial.intermediate_values) == [1, 2], trial.intermediate_values
         assert trial.user_attrs["executor"] == "ray" and trial.user_attrs["epochs_completed"] == 2
         assert trial.user_attrs["nodes"]  # the "node" key of the result, as for single-process trials
+        # What the trial measured of itself (its last epoch's), per rank: 2 DDP workers.
+        assert 0 < trial.user_attrs["data_wait_share"] < 1 and trial.user_attrs["peak_memory_mib"] > 0
+        assert trial.user_attrs["images_per_s_per_gpu"] > 0
     # Each trial trained as 2 ranks: its checkpoint was written for a world of 2 (the trainer's
     # fingerprint), in the folder named after its Tune trial.
     folders = sorted((tmp_path / "work" / "trials").glob("*/ray-*/checkpoint"))

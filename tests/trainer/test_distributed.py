@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import REPO
 from trainer.distributed import DistEnv, detect, expand_hostlist
-from trainer.reporting import Decision, EpochMetrics
+from trainer.reporting import PER_RANK_FIELDS, Decision, EpochMetrics
 
 SPAWN = mp.get_context("spawn")
 
@@ -143,7 +143,7 @@ def _gather(procs: list[Any], results: Any) -> list[tuple[Any, ...]]:
 def _metrics(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The reduced metrics of each epoch, without the timings that each rank measures for itself."""
     return [
-        {k: v for k, v in m.items() if k not in ("images_per_s", "train_time_s", "epoch_time_s")}
+        {k: v for k, v in m.items() if k not in PER_RANK_FIELDS}
         for m in history
     ]
 

@@ -79,7 +79,7 @@ def study_search(
             ot_trial = self._ot_trials[trial_id]
             value = None if not result else result.get(self.metric)
             epochs_done = int(result.get("training_iteration", 0)) if result else 0
-            attrs = record.tune_result_attrs(result, epochs_done, error)
+            attrs = record.tune_result_attrs(result, epochs_done, error, spec.resources.tasks_per_node)
             record.set_attrs(ot_trial, {record.ATTR_EXECUTOR: "ray", record.ATTR_JOB_ID: job_id, **attrs})
             if value is not None and epochs_done:
                 # Tune hands the last epoch's result to on_trial_complete, not on_trial_result.

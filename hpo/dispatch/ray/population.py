@@ -202,7 +202,7 @@ class PopulationRecorder:
         result = trial.last_result or {}
         value = result.get(self.spec.study.metric)
         epochs_done = int(result.get("epoch", 0))
-        attrs = record.tune_result_attrs(result, epochs_done, error)
+        attrs = record.tune_result_attrs(result, epochs_done, error, self.spec.resources.tasks_per_node)
         record.set_attrs(member, {**attrs, record.ATTR_FINAL_PARAMS: self.params[index]})
         if error or value is None or math.isnan(float(value)) or epochs_done < self.epochs:
             self.study.tell(member, state=optuna.trial.TrialState.FAIL)
