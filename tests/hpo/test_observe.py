@@ -172,8 +172,10 @@ def test_optuna_dashboard_shows_the_study_and_its_trials_in_a_real_browser(
         assert page.returncode == 0, page.stderr[-2000:]
         for trial in trials:
             assert f"Trial {trial.number}" in page.stdout, trial.number
-        # The service's trial attributes are there for the user: job id, GPU- and CPU-hours.
-        for attr in ("job_id", "gpu_hours", "cpu_hours", "elapsed_s"):
+        # The service's trial attributes are there for the user: job id, GPU- and CPU-hours, and
+        # what each trial measured of itself.
+        measured = ("data_wait_share", "step_ms", "peak_memory_mib", "images_per_s_per_gpu")
+        for attr in ("job_id", "gpu_hours", "cpu_hours", "elapsed_s", *measured):
             assert attr in page.stdout, attr
 
         ARTIFACTS.mkdir(exist_ok=True)
