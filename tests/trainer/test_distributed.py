@@ -142,10 +142,7 @@ def _gather(procs: list[Any], results: Any) -> list[tuple[Any, ...]]:
 
 def _metrics(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The reduced metrics of each epoch, without the timings that each rank measures for itself."""
-    return [
-        {k: v for k, v in m.items() if k not in PER_RANK_FIELDS}
-        for m in history
-    ]
+    return [{k: v for k, v in m.items() if k not in PER_RANK_FIELDS} for m in history]
 
 
 def _ddp_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
