@@ -21,7 +21,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from hpo import record
 from hpo.config import RAY_ONLY_PRUNERS
 from hpo.errors import NotReadyError, StudyFileError, one_line
-from trainer.config import TrainConfig, field_defaults
+from trainer.config import ADDED_SETTINGS, TrainConfig
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -237,7 +237,7 @@ def check_definition(study: optuna.Study, spec: StudySpec, *, allow_space_change
         return True  # a new study, or one stored before definitions were: nothing to compare
     check_metric(study, spec)
     # A trainer setting the stored study predates reads as its default (what its trials ran with).
-    defaults = field_defaults() if spec.objective is None else {}
+    defaults = ADDED_SETTINGS if spec.objective is None else {}
     fixed_changes = _differences(stored.get("fixed", {}), current["fixed"], defaults)
     if fixed_changes:
         key, how = fixed_changes[0]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.config import field_defaults
+from trainer.config import ADDED_SETTINGS
 from trainer.errors import ConfigError
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -95,12 +95,13 @@ def check_fingerprint(
     path: Path, saved: dict[str, Any], current: dict[str, Any], may_differ: frozenset[str] = frozenset()
 ) -> None:
     """Refuse to continue a run whose training-defining settings changed since the checkpoint."""
-    defaults = field_defaults()
     for key in sorted((set(saved) | set(current)) - may_differ):
-        if saved.get(key, defaults.get(key)) != current.get(key, defaults.get(key)):
+        before = saved.get(key, ADDED_SETTINGS.get(key))
+        now = current.get(key, ADDED_SETTINGS.get(key))
+        if before != now:
             raise ConfigError(
-                f"{key} is {current.get(key)!r} but the checkpoint {path} was written with "
-                f"{saved.get(key)!r}; use another checkpoint_dir or restore the setting"
+                f"{key} is {now!r} but the checkpoint {path} was written with "
+                f"{before!r}; use another checkpoint_dir or restore the setting"
             )
 
 

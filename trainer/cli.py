@@ -129,6 +129,16 @@ def _check_writable(path: Path) -> None:
         raise ConfigError(f"--result-json {str(path)!r}: Permission denied")
 
 
+def _check_writable_folder(flag: str, folder: Path) -> None:
+    """A trace or event folder that cannot be written is found out before training."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{flag} {str(folder)!r}: {err.strerror or err}") from None
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"{flag} {str(folder)!r}: Permission denied")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[trainer] %(message)s", stream=sys.stdout, force=True)
     try:
@@ -136,6 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_data_available(config)
         if args.result_json is not None:
             _check_writable(args.result_json)
+        for flag, folder in (
+            ("--profile-dir", config.profile_dir),
+            ("--tensorboard-dir", config.tensorboard_dir),
+        ):
+            if folder is not None:
+                _check_writable_folder(flag, Path(folder))
         if args.tune_loader_batches is not None and not args.tune_loader:
             raise ConfigError("--tune-loader-batches needs --tune-loader")
         if args.tune_loader:

@@ -208,6 +208,10 @@ class TrainConfig:
                 )
         if self.nesterov and self.momentum == 0:
             raise ConfigError("nesterov needs momentum > 0, got momentum=0")
+        if self.cycle_momentum and "momentum" in self.resume_changes:
+            raise ConfigError(
+                "resume_may_change: momentum cannot change mid-run with cycle_momentum, whose cycle sets it"
+            )
         if self.cycle_momentum and self.base_momentum > self.momentum:
             raise ConfigError(
                 f"base_momentum {self.base_momentum} is above momentum {self.momentum}: with cycle_momentum "
@@ -275,12 +279,12 @@ def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(TrainConfig)]
 
 
-@functools.cache
-def field_defaults() -> dict[str, Any]:
-    """Each field's default. A fingerprint stored before a field existed lacks its key; comparing it
-    as the default keeps studies and checkpoints of an older version resumable while the new
-    setting keeps the behaviour they were computed with."""
-    return {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+# Settings that change what is computed, added after studies and checkpoints were first stored,
+# with the value every run had before they existed. A stored fingerprint that lacks one compares as
+# that value, so older studies and checkpoints stay resumable and a file that sets another value is
+# a change. A new such field gets its entry here (its behaviour before, not its default, which may
+# change later).
+ADDED_SETTINGS: dict[str, Any] = {"val_image_size": None, "cycle_momentum": False, "base_momentum": 0.85}
 
 
 @functools.cache

@@ -12,8 +12,9 @@ and :func:`trainer.data.build_loaders`); nothing is trained. The grid:
   training, so that pinning has something to speed up), false only otherwise.
 
 The config's own setting is measured too when it is not in the grid. Each setting reads two passes
-(epochs) of at most ``--tune-loader-batches`` batches. The first batch of the first pass is a
-warm-up left out of the rate (worker start-up, first page faults); the second pass is counted
+(epochs) of at most ``--tune-loader-batches`` batches. The first pass is a warm-up left out of the
+rate (worker start-up, first page faults, and the batches workers prefetch while the first one is
+made, which would make a short pass look fast); the second pass is counted
 whole, its start included, since restarting workers each epoch is what ``persistent_workers`` saves.
 The grid is measured twice, in turn, and each setting keeps its faster round, so that a burst of
 load from another process on the node rarely decides the ranking.
@@ -178,13 +179,12 @@ def measure(
                 batch_images.to(device, non_blocking=config.non_blocking)
             if step == 0 and epoch == 1:
                 second_pass_start = time.perf_counter() - began
-            if step == 0 and epoch == 0:
-                began = time.perf_counter()  # the warm-up batch is left out of the rate
-                continue
-            images += len(batch_images)
+            if epoch > 0:
+                images += len(batch_images)
         if cuda:
             torch.cuda.synchronize(device)
-        seconds += time.perf_counter() - began
+        if epoch > 0:
+            seconds += time.perf_counter() - began
     # Persistent workers live as long as the loader: end them now, outside the measured time, so
     # that they do not compete with the next setting's.
     del iterator, loader, sampler

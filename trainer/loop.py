@@ -10,7 +10,7 @@ import logging
 import time
 import warnings
 from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -225,20 +225,19 @@ class _Run:
         resumed_epochs = len(history)
         # A run stopped by its reporter stays stopped when it is started again (a requeued pruned trial).
         end_epoch = start_epoch if stopped else config.epochs
-        self.utilization = UtilizationSampler(self.device) if env.is_main else None
-        self.profiler = StepProfiler(config.profile_dir, self.device, env.rank)
-        self.tensorboard = (
-            TensorBoardLog(config.tensorboard_dir, self.hparams)
-            if config.tensorboard_dir and env.is_main and start_epoch < end_epoch
-            else None
-        )
-        try:
+        # Closed however the run ends (a failed set-up included): a sampler thread left polling
+        # would outlive the run in a reused process (a Ray actor).
+        with ExitStack() as cleanup:
+            self.utilization: UtilizationSampler | None = None
+            if env.is_main:
+                self.utilization = UtilizationSampler(self.device)
+                cleanup.callback(self.utilization.close)
+            self.profiler = StepProfiler(config.profile_dir, self.device, env.rank)
+            self.tensorboard: TensorBoardLog | None = None
+            if config.tensorboard_dir and env.is_main and start_epoch < end_epoch:
+                self.tensorboard = TensorBoardLog(config.tensorboard_dir, self.hparams)
+                cleanup.callback(self.tensorboard.close)
             stopped = self._epochs(history, start_epoch, end_epoch, stopped)
-        finally:
-            if self.utilization is not None:
-                self.utilization.close()
-            if self.tensorboard is not None:
-                self.tensorboard.close()
         return self._result(history, start_epoch, stopped, history[resumed_epochs:])
 
     def _epochs(self, history: list[EpochMetrics], start_epoch: int, end_epoch: int, stopped: bool) -> bool:
@@ -317,6 +316,8 @@ class _Run:
         # train (loss, correct, seen), validation (the same), held-out test (the same)
         sums = torch.zeros(9, dtype=torch.float64, device=self.device)
         phases_before = self.timer.collect()
+        if self.utilization is not None:
+            self.utilization.take_mean()  # from here on: this epoch's training, not what came before
         began = time.perf_counter()
         self.timer.start()
         with self.profiler.epoch() as profiling:
@@ -402,7 +403,9 @@ class _Run:
                 self.scaler.update()
                 self.scheduler.step()
                 self.timer.mark("optimizer")
-            StepProfiler.step(profiling)
+            if StepProfiler.step(profiling):
+                # Writing the trace takes seconds: its own phase, not the next step's data wait.
+                self.timer.mark("profiler")
             sums[0] += loss.detach() * labels.size(0)
             sums[1] += (logits.argmax(1) == labels).sum()
             sums[2] += labels.size(0)

@@ -110,9 +110,12 @@ class StepProfiler:
         return profiler if profiler is not None else nullcontext()
 
     @staticmethod
-    def step(context: Any) -> None:
+    def step(context: Any) -> bool:
+        """Advance the profiler's schedule; True if a profiler ran this step."""
         if isinstance(context, torch.profiler.profile):
             context.step()
+            return True
+        return False
 
 
 class TensorBoardLog:

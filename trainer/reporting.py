@@ -55,7 +55,8 @@ class EpochMetrics:
     """On the held-out test images, after the last epoch only and with ``test_held_out`` only."""
     # Where the training steps' time went, on rank 0 (None in a history written before they were
     # measured). "data" is the wait for the next batch and its copy to the device: on a GPU, the
-    # time the GPU sat idle for it.
+    # time the GPU sat idle for it. Under DDP another rank's data wait shows in rank 0's backward,
+    # where the gradients' all-reduce waits for it.
     data_time_s: float | None = None
     forward_time_s: float | None = None
     backward_time_s: float | None = None

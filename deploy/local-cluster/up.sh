@@ -20,6 +20,7 @@ if [[ ${HPO_LOCAL_CLUSTER_LOCKED:-} != 1 ]]; then
     mkdir -p /run/lock
     HPO_LOCAL_CLUSTER_LOCKED=1 exec flock -o /run/lock/hpo-local-cluster-up.lock bash "${BASH_SOURCE[0]}" "$@"
 fi
+unset HPO_LOCAL_CLUSTER_LOCKED # not passed on to the daemons' environments
 # Every daemon is started with its output sent to a log file: one holding our stdout open would
 # keep $(up.sh | tail -1) waiting forever.
 start_log() { echo "$SLURM_LOG/start-$1.log"; }

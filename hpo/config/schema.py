@@ -290,6 +290,16 @@ class StudySection:
             raise _KeyProblem(
                 "stop", "a stop rule reads one metric; a multi-objective study (also_minimize) has none"
             )
+        if self.profile_trials and self.backend == "ray":
+            raise _KeyProblem(
+                "profile_trials", "profiles trials of backend optuna (Ray Tune names its own trials)"
+            )
+        if self.profile_trials and self.warm_start.studies:
+            # Imported trials take the first numbers: no trial run here would be below K.
+            raise _KeyProblem(
+                "profile_trials",
+                "counts trials from 0, which a warm start's imported trials take; profile a cold study",
+            )
         if self.pruner.name == "pbt" and (self.stop.active or self.budget is not None):
             # PBT trains its whole population at once, from start to end: nothing to hold back.
             key = "stop" if self.stop.active else "budget"
@@ -745,6 +755,11 @@ def _build_spec(document: dict[str, Any], source: str, study: StudySection) -> S
         launcher=launcher,
     )
     _check_space_against_trainer(spec)
+    if study.pruner.name == "pbt" and "momentum" in space and trainer.get("cycle_momentum"):
+        raise _KeyProblem(
+            "trainer.cycle_momentum",
+            "OneCycle's momentum cycle would overwrite the momentum PBT perturbs mid-run; turn one off",
+        )
     _check_enqueued(spec)
     if study.also_minimize == "gpu_hours" and not resources.gpus_per_node:
         raise _KeyProblem("study.also_minimize", "gpu_hours needs resources.gpus_per_node; use cpu_hours")

@@ -407,12 +407,12 @@ def trial_trace(spec: StudySpec, study: optuna.Study, number: int) -> list[str]:
     folder = paths.profile_dir(spec, trial.number)
     traces = sorted(folder.glob("*.pt.trace.json*")) if folder.is_dir() else []
     if not traces:
-        profiled = trial.number < spec.study.profile_trials
-        why = (
-            f"it has not reached its first steps yet ({trial.state.name})"
-            if profiled
-            else f"study.profile_trials is {spec.study.profile_trials}: trials 0 to K-1 are profiled"
-        )
+        if trial.number >= spec.study.profile_trials:
+            why = f"study.profile_trials is {spec.study.profile_trials}: trials 0 to K-1 are profiled"
+        elif trial.state.name in ("RUNNING", "WAITING"):
+            why = f"it has not reached its first steps yet ({trial.state.name})"
+        else:
+            why = f"its run wrote none ({trial.state.name}: see hpo logs --err)"
         raise LaunchError(f"trial {number} has no profiler trace in {folder}: {why}")
     return [
         *(str(path) for path in traces),

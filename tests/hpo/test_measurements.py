@@ -168,3 +168,62 @@ def test_profile_trials_and_tensorboard_dirs_are_the_services_to_set(tmp_path: P
         [line] = proc.stderr.strip().splitlines()
         assert f"trainer.{key}: is set by the service for each trial (under workdir): use {instead}" in line
         assert not (tmp_path / "work").exists()  # nothing created, nothing submitted
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (
+            lambda d: d["study"].update(profile_trials=1, backend="ray"),
+            "study.profile_trials: profiles trials of backend optuna",
+        ),
+        (
+            lambda d: d["study"].update(profile_trials=1, warm_start={"studies": ["earlier"]}),
+            "study.profile_trials: counts trials from 0, which a warm start's imported trials take",
+        ),
+        (
+            lambda d: (
+                d["study"].update(backend="ray", pruner={"name": "pbt"}),
+                d["search_space"].update(momentum={"type": "float", "low": 0.85, "high": 0.95}),
+                d["trainer"].pop("momentum"),
+                d["trainer"].update(cycle_momentum=True),
+            ),
+            "trainer.cycle_momentum: OneCycle's momentum cycle would overwrite the momentum PBT perturbs",
+        ),
+        (
+            lambda d: (
+                d["search_space"].update(momentum={"type": "float", "low": 0.8, "high": 0.95}),
+                d["trainer"].pop("momentum"),
+                d["trainer"].update(cycle_momentum=True),
+            ),
+            "search_space.momentum: base_momentum 0.85 is above momentum 0.8",
+        ),
+    ],
+)
+def test_measurement_settings_that_would_do_nothing_or_fail_trials_are_refused(
+    tmp_path: Path, change: Any, problem: str
+) -> None:
+    document = study_document("bad", tmp_path / "work")
+    change(document)
+    study_file = write_study(tmp_path / "bad.yaml", document)
+    proc = run_hpo("launch", str(study_file), timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert problem in line, line
+    assert not (tmp_path / "work").exists()
+
+
+def test_the_trainer_refuses_an_unwritable_trace_or_event_folder_before_training(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    for flag in ("--tensorboard-dir", "--profile-dir"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "trainer", flag, str(blocked / "sub")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        [line] = proc.stderr.strip().splitlines()
+        assert line.startswith(f"python -m trainer: error: {flag} ") and "Not a directory" in line, line
