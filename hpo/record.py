@@ -80,6 +80,15 @@ ATTR_GPU_UTILIZATION = "gpu_utilization"
 ATTR_TRACE = "profile_trace"
 """The folder of a profiled trial's torch.profiler trace."""
 ATTR_TENSORBOARD = "tensorboard_dir"
+MEASUREMENT_ATTRS = (
+    ATTR_DATA_WAIT,
+    ATTR_STEP_MS,
+    ATTR_PEAK_MEMORY_MIB,
+    ATTR_IMAGES_PER_S_PER_GPU,
+    ATTR_GPU_UTILIZATION,
+    ATTR_TRACE,
+)
+"""What a trial measured of itself (summary.json's ``measurements``)."""
 ATTR_RESUMED_FROM = "resumed_from_epoch"
 """The epoch whose checkpoint the trial's last run resumed from (after a requeue, or a retry)."""
 ATTR_RESTARTS = "restarts"

@@ -53,10 +53,6 @@ class UtilizationSampler:
             self._thread = threading.Thread(target=self._loop, name="gpu-utilization", daemon=True)
             self._thread.start()
 
-    @property
-    def available(self) -> bool:
-        return self._thread is not None
-
     def _read(self) -> float | None:
         try:
             return float(torch.cuda.utilization(self.device))

@@ -34,17 +34,6 @@ if TYPE_CHECKING:
 _STATE_COLORS = {"COMPLETE": "#1f77b4", "PRUNED": "#d62728", "FAIL": "#7f7f7f", "RUNNING": "#2ca02c"}
 
 
-# What each trial measured of itself (the built-in trainer), in summary.json.
-MEASUREMENT_ATTRS = (
-    record.ATTR_DATA_WAIT,
-    record.ATTR_STEP_MS,
-    record.ATTR_PEAK_MEMORY_MIB,
-    record.ATTR_IMAGES_PER_S_PER_GPU,
-    record.ATTR_GPU_UTILIZATION,
-    record.ATTR_TRACE,
-)
-
-
 def write_report(spec: StudySpec, study: optuna.Study, out: Path) -> list[Path]:
     """Write the report into ``out``; return the files written."""
     try:  # the report's own extra: imported here, so that the rest of hpo runs without it
@@ -274,9 +263,9 @@ def _write_summary(
         "terminator": stopping.terminator_evaluation(study),
         "imported_trials": record.imported_count(study),
         "measurements": {
-            str(t.number): {key: t.user_attrs[key] for key in MEASUREMENT_ATTRS if key in t.user_attrs}
+            str(t.number): {key: t.user_attrs[key] for key in record.MEASUREMENT_ATTRS if key in t.user_attrs}
             for t in trials
-            if any(key in t.user_attrs for key in MEASUREMENT_ATTRS)
+            if any(key in t.user_attrs for key in record.MEASUREMENT_ATTRS)
         },
         "input": views.input_verdict(trials),
     }
