@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
@@ -24,10 +25,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.storages import BaseStorage
-from optuna.storages.journal import JournalFileBackend
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
@@ -40,6 +40,7 @@ from sqlalchemy.exc import (
 )
 
 from hpo.errors import NotReadyError, StudyFileError, one_line
+from hpo.journal import SafeJournalBackend, repair
 from hpo.paths import private_dir
 
 T = TypeVar("T")
@@ -101,34 +102,83 @@ def resolve_storage(spec: StudySpec, url: str | None, source: str) -> StorageRef
         parsed = parsed.set(drivername="postgresql")
     if scheme == "sqlite" and parsed.database not in (None, "", ":memory:"):
         parsed = parsed.set(database=str(Path(parsed.database).expanduser().absolute()))
-    if parsed.password:
+    password = _url_password(parsed)
+    if password is not None:
         env_name = _PASSWORD_ENV.get(scheme)
         if env_name is None:
             raise StudyFileError(f"{source}: study.storage: {scheme} URLs take no password")
-        os.environ[env_name] = str(parsed.password)
-        parsed = parsed._replace(password=None)  # URL.set() ignores None: it would keep the password
+        os.environ[env_name] = password
+        # URL.set() ignores None: it would keep the password.
+        parsed = parsed._replace(password=None).difference_update_query(["password"])
+    if scheme == "postgresql" and not os.environ.get("PGPASSWORD"):  # else libpq reads no file
+        _check_passfile(parsed, source)
     return StorageRef("rdb", parsed.render_as_string(hide_password=False))
 
 
+def _url_password(parsed: URL) -> str | None:
+    """The password a URL carries, in either form libpq (and SQLAlchemy's drivers) accept:
+    ``user:password@host`` or ``?password=...``."""
+    if parsed.password is not None:
+        return str(parsed.password)
+    value = parsed.query.get("password")
+    if value is None:
+        return None
+    return value if isinstance(value, str) else value[-1]
+
+
+def _check_passfile(parsed: URL, source: str) -> None:
+    """libpq ignores a password file that others can read (with only a warning on stderr, then
+    "no password supplied"): say which file and why before anything starts."""
+    named = parsed.query.get("passfile")
+    if named is not None:
+        path, key = (
+            Path(named if isinstance(named, str) else named[-1]).expanduser(),
+            "study.storage: passfile",
+        )
+    elif os.environ.get("PGPASSFILE"):
+        path, key = Path(os.environ["PGPASSFILE"]).expanduser(), "PGPASSFILE"
+    else:
+        path, key = Path.home() / ".pgpass", "~/.pgpass"
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if mode & 0o077:
+        raise StudyFileError(
+            f"{source}: {key}: {path} can be read by others (mode {mode & 0o777:o}), so libpq ignores it: "
+            f"chmod 600 {path}"
+        )
+
+
 def has_password(url: str) -> bool:
+    """Whether a URL carries a password, as ``user:password@`` or ``?password=``."""
     if url.startswith(JOURNAL_PREFIX):
         return False
 
     try:
-        return make_url(url).password is not None
+        return _url_password(make_url(url)) is not None
     except ArgumentError:
-        return False
+        return bool(_QUERY_PASSWORD.search(url))
+
+
+# A password in a query string, however it is spelled (URL-encoded key included).
+_QUERY_PASSWORD = re.compile(r"(?i)((?:^|[?&;\s])(?:password|%70assword)=)[^&;\s]*")
 
 
 def mask(url: str) -> str:
-    """The URL with any password replaced by ``***``."""
+    """The URL with any password, in either form, replaced by ``***``."""
     if url.startswith(JOURNAL_PREFIX):
         return url
 
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
     except ArgumentError:
-        return url.split("@")[-1] if "@" in url else url
+        url = url.split("@")[-1] if "@" in url else url
+        return _QUERY_PASSWORD.sub(r"\1***", url)
+    if "password" not in parsed.query:
+        return parsed.render_as_string(hide_password=True)
+    shown = parsed.difference_update_query(["password"]).render_as_string(hide_password=True)
+    return shown + ("&" if "?" in shown else "?") + "password=***"
 
 
 def open_storage(
@@ -149,8 +199,13 @@ def open_storage(
             private_dir(path.parent)
         elif not path.exists():
             raise FileNotFoundError(f"journal storage {path} does not exist")
-
-        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        try:
+            return optuna.storages.JournalStorage(SafeJournalBackend(str(path)))
+        except ValueError:  # an invalid line (JSONDecodeError is one): an older writer's damage
+            if not repair(str(path)):
+                raise
+            log(f"journal {path}: damaged lines mended (their cut-off parts in {path}.partial)")
+            return optuna.storages.JournalStorage(SafeJournalBackend(str(path)))
     return OutageTolerantStorage(_open_rdb(ref, create=create), log, tolerance_s)
 
 

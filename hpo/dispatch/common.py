@@ -196,6 +196,7 @@ class Dispatcher:
         still run (``per_trial``), fail those whose job is gone. Returns the job ids of live workers."""
 
         live_workers: set[str] = set()
+        failed = False
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             executor = trial.user_attrs.get(record.ATTR_EXECUTOR)
             job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
@@ -217,11 +218,14 @@ class Dispatcher:
                 entry.job = executors.slurm_job(self.spec, job_id)
             if self._ended(entry):
                 self._fail(trial.number, self._end_reason(entry))
+                failed = True
             elif executor == "worker":
                 live_workers.add(job_id)
             elif per_trial:
                 self.in_flight.append(entry)
                 self.log(f"trial {trial.number} re-attached to {kind} job {job_id}")
+        if failed:  # a job that ended while no launcher watched it is retried as any other
+            self._queue_retries()
         return live_workers
 
     def _ended(self, entry: InFlight) -> bool:

@@ -1,0 +1,197 @@
+"""The embedded journal file, made safe against a crash mid-write and a full disk.
+
+Optuna's journal is an append-only file of JSON lines. Its reader skips an incomplete last line
+(a process killed mid-write, a write cut short by a full disk or quota), but its writer appends
+straight after it: the partial line and the next record become one invalid line in the middle of
+the file, and from then on the study cannot be opened at all. :class:`SafeJournalBackend` closes
+that hole, under the journal's lock, before every append:
+
+- an incomplete last record is cut off and set aside in ``<journal>.partial`` (a record without its
+  end was never read by anyone, so nothing readable is lost), with a one-line note;
+- a write that fails (``ENOSPC``, ``EDQUOT``, an I/O error) is undone to the last whole record, and
+  raises :class:`JournalWriteError`: one line with the file and the free space, exit 3, and a
+  journal that still opens once space is freed.
+
+A journal damaged by a writer without these guards (an invalid line in the middle) is repaired by
+:func:`repair` the first time the service opens it: the readable record at the end of such a line is
+kept, the cut-off part before it set aside.
+
+Shared filesystems: the lock is Optuna's symlink lock (``symlink(2)`` is atomic on NFSv3+ and on
+GPFS/Spectrum Scale, where ``fcntl`` locks are unreliable or slow), with Optuna's 30 s grace period
+after which a lock whose holder died is broken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+
+from hpo.errors import NotReadyError
+
+PARTIAL_SUFFIX = ".partial"
+"""Where cut-off bytes are set aside, beside the journal: kept for a post-mortem, never read."""
+
+RECORD_START = b'{"op_code":'
+"""How every record of Optuna's journal begins; inside a JSON string it is escaped, so in a damaged
+line it marks where a whole record starts."""
+
+_TAIL_CHUNK = 1 << 16
+
+
+class JournalWriteError(NotReadyError):
+    """An append to the journal failed (full disk, quota, I/O error); the journal was left whole."""
+
+
+class SafeJournalBackend(JournalFileBackend):
+    """Optuna's journal file backend whose appends never leave, or write after, a partial record."""
+
+    def __init__(self, file_path: str) -> None:
+        self.lock = JournalFileSymlinkLock(file_path)
+        super().__init__(file_path, lock_obj=self.lock)
+        self.path = file_path
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        data = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode()
+        with _held(self.lock, self.path):
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+            try:
+                whole, kept = _mend_last_line(fd, self.path)
+                try:
+                    view = memoryview(kept + data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.fsync(fd)
+                except OSError as err:
+                    os.ftruncate(fd, whole)  # back to the last whole record: the journal still opens
+                    if kept:  # the space just freed held it: it fits again
+                        with contextlib.suppress(OSError):
+                            os.write(fd, kept)
+                    raise _write_error(self.path, err) from None
+            finally:
+                os.close(fd)
+
+
+class _held:
+    """The journal's lock as a context manager; a lock that cannot be made (the symlink needs an
+    inode: a full disk) is the same one-line error as a failed write."""
+
+    def __init__(self, lock: JournalFileSymlinkLock, path: str) -> None:
+        self.lock, self.path = lock, path
+
+    def __enter__(self) -> None:
+        try:
+            self.lock.acquire()
+        except OSError as err:
+            raise _write_error(self.path, err) from None
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def _write_error(path: str, err: OSError) -> JournalWriteError:
+    try:
+        free = f"{shutil.disk_usage(Path(path).parent).free / 1024:.0f} KiB free there"
+    except OSError:
+        free = "free space unknown"
+    what = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}.get(
+        err.errno or 0, err.strerror or str(err)
+    )
+    return JournalWriteError(
+        f"{path}: cannot append to the study's journal: {what} ({free}); the journal is left whole",
+        "free space on that filesystem (or raise the quota), then run hpo launch again: the study resumes",
+    )
+
+
+def _mend_last_line(fd: int, path: str) -> tuple[int, bytes]:
+    """Cut an incomplete or invalid last line off the open journal. Returns the size of the
+    journal's whole records, and the whole record the cut line ended with (a line written after a
+    partial record by an unguarded writer), to be written again first; the rest is set aside."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return 0, b""
+    start = 0
+    end = size - 1  # the last line's own newline is not where it starts
+    while end > 0:
+        chunk_start = max(0, end - _TAIL_CHUNK)
+        cut = os.pread(fd, end - chunk_start, chunk_start).rfind(b"\n")
+        if cut >= 0:
+            start = chunk_start + cut + 1
+            break
+        end = chunk_start
+    line = os.pread(fd, size - start, start)
+    if line.endswith(b"\n") and _parses(line):
+        return size, b""
+    kept = _last_whole_record(line) if line.endswith(b"\n") else b""
+    what = "a damaged last line" if line.endswith(b"\n") else "an incomplete last record"
+    _keep_aside(path, line[: len(line) - len(kept)].rstrip(b"\n"), what)
+    os.ftruncate(fd, start)
+    return start, kept
+
+
+def _keep_aside(path: str, dropped: bytes, what: str) -> None:
+    aside = path + PARTIAL_SUFFIX
+    try:
+        with open(aside, "ab") as out:
+            out.write(dropped + b"\n")
+        where = f"set aside in {aside}"
+    except OSError as err:  # a full disk: the bytes were unreadable anyway
+        where = f"dropped ({err.strerror} writing {aside})"
+    print(f"hpo: journal {path}: {what} ({len(dropped)} bytes, cut off by a crash or a full disk) "
+          f"{where}", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def repair(path: str) -> int:
+    """Mend a journal with invalid lines (written after a partial record by an unguarded writer):
+    each such line keeps the whole record it ends with, and its cut-off start is set aside.
+    Returns the number of lines mended; a journal without damage is left untouched."""
+    lock = JournalFileSymlinkLock(path)
+    with _held(lock, path):
+        lines = Path(path).read_bytes().splitlines(keepends=True)
+        mended = 0
+        for number, line in enumerate(lines):
+            if not line.endswith(b"\n") or _parses(line):
+                continue  # a partial last line is the next append's to set aside
+            kept = _last_whole_record(line)
+            _keep_aside(path, line[: len(line) - len(kept)].rstrip(b"\n"), f"a damaged line {number + 1}")
+            lines[number] = kept
+            mended += 1
+        if mended:
+            # Written beside and renamed over: a failure half-way leaves the damaged file, not a worse one.
+            temporary = path + ".repair"
+            try:
+                with open(temporary, "wb") as out:
+                    out.writelines(lines)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.chmod(temporary, os.stat(path).st_mode & 0o7777)
+                os.replace(temporary, path)
+            except OSError as err:
+                Path(temporary).unlink(missing_ok=True)
+                raise _write_error(path, err) from None
+        return mended
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
+def _last_whole_record(line: bytes) -> bytes:
+    """The longest end of ``line`` that is one whole record, or nothing."""
+    start = line.find(RECORD_START, 1)
+    while start > 0:
+        if _parses(line[start:]):
+            return line[start:]
+        start = line.find(RECORD_START, start + 1)
+    return b""
