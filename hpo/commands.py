@@ -138,6 +138,13 @@ def run(request: Request) -> int:
             overrides.append(f"{key}={value}")
             labels[key] = "--" + option.replace("_", "-")
     spec = load_study(request.study_file, overrides, labels)
+    if spec.study.warm_start.storage and has_password(spec.study.warm_start.storage):
+        # The study's own password is moved to PGPASSWORD; a second one has nowhere to go, and the
+        # study file (with this URL) is pickled into every job.
+        raise StudyFileError(
+            f"{spec.source}: study.warm_start.storage: a password in this URL would reach every job; "
+            "put it in ~/.pgpass (mode 600)"
+        )
     storage = resolve_storage(spec, spec.study.storage, spec.source)
     # The study file is pickled into every job: it must carry the URL without its password.
     spec.study.storage = str(storage)

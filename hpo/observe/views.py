@@ -375,11 +375,12 @@ def _cancel_queued(spec: StudySpec, cancelled: set[str]) -> list[str]:
     """Cancel the study's jobs still in Slurm's queue (workers, a pending detached launcher, a
     job no trial holds yet) and wait until the queue shows none."""
     lines = []
+    names = ", ".join(executors.job_name(spec, role) for role in executors.JOB_ROLES)
     queued = executors.queued_jobs(spec)
     for job_id in queued:
         if job_id not in cancelled:
             _cancel_job(spec, "slurm", job_id)
-            lines.append(f"Slurm job {job_id}: cancelled (found by its name, {executors.job_name(spec)}*)")
+            lines.append(f"Slurm job {job_id}: cancelled (found by its name, one of {names})")
     deadline = time.monotonic() + CANCEL_WAIT_S
     while queued:
         if time.monotonic() > deadline:

@@ -113,17 +113,24 @@ def render_sbatch(spec: StudySpec, job_name: str) -> str:
     return text
 
 
+JOB_ROLES = ("", "worker", "launcher", "ray")
+"""The kinds of a study's Slurm jobs: trials (no role), ``--workers``, ``--detach``, the Ray allocation."""
+
+
 def job_name(spec: StudySpec, role: str = "") -> str:
-    """The Slurm job name of a study's jobs: trials (no role), ``worker``, ``launcher``, ``ray``.
-    `hpo cancel` finds by these names the jobs whose ids no trial holds yet."""
-    return f"hpo-{spec.study.name}" + (f"-{role}" if role else "")
+    """The Slurm job name of a study's jobs of one role (see :data:`JOB_ROLES`). `hpo cancel`
+    finds by these names the jobs whose ids no trial holds yet, so no name of one study may be a
+    name of another: the role follows a ``:``, which no study name contains (study ``pc``'s Ray job
+    is ``hpo-pc:ray``, study ``pc-ray``'s trials ``hpo-pc-ray``)."""
+    assert ":" not in spec.study.name and role in JOB_ROLES
+    return f"hpo-{spec.study.name}" + (f":{role}" if role else "")
 
 
 def queued_jobs(spec: StudySpec) -> list[str]:
     """The ids of this user's pending and running Slurm jobs of the study (none without Slurm)."""
     if shutil.which("squeue") is None:
         return []
-    names = ",".join(job_name(spec, role) for role in ("", "worker", "launcher", "ray"))
+    names = ",".join(job_name(spec, role) for role in JOB_ROLES)
     user = pwd.getpwuid(os.getuid()).pw_name
     proc = subprocess.run(
         ["squeue", "-h", "-u", user, "--name", names, "-o", "%i"],

@@ -3,10 +3,13 @@ real Slurm jobs on the local cluster, with the study in a journal file or a real
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import re
 import stat
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,12 +18,15 @@ import pytest
 
 from tests.hpo.conftest import (
     GOOD,
+    HPO,
+    REPO,
     distinct_params,
     final_sacct_states,
     launch_in_background,
     load_trials,
     max_overlap,
     run_hpo,
+    sacct_states,
     study_document,
     wait_for_trials,
     write_study,
@@ -211,11 +217,12 @@ def test_workers_on_a_fresh_postgresql_database_start_at_once_without_errors(
         assert "Traceback" not in log.read_text(), log.read_text()[-2000:]
 
 
-def test_a_password_in_the_study_file_reaches_no_file_log_or_script(
+def test_a_password_in_the_study_file_reaches_no_file_log_argv_or_report(
     tmp_path: Path, fresh_database: str, monkeypatch: pytest.MonkeyPatch, fashion_mnist_root: str
 ) -> None:
     # The harness keeps the role's password in ~/.pgpass; here it travels the other supported
-    # way, interpolated into the study file's URL from an environment variable.
+    # way, interpolated into the study file's URL from an environment variable, in the query form
+    # libpq accepts besides user:password@ (both go through the same resolve_storage: unit tests).
     password = next(
         line.rsplit(":", 1)[1]
         for line in (Path.home() / ".pgpass").read_text().splitlines()
@@ -227,7 +234,7 @@ def test_a_password_in_the_study_file_reaches_no_file_log_or_script(
         "secret-study",
         tmp_path / "work",
         study={
-            "storage": f"postgresql://hpo:${{HPO_TEST_DB_PASSWORD}}@127.0.0.1:5432/{database}",
+            "storage": f"postgresql://hpo@127.0.0.1:5432/{database}?password=${{HPO_TEST_DB_PASSWORD}}",
             "n_trials": 1,
             "max_concurrent": 1,
             "enqueue": [GOOD],
@@ -235,16 +242,36 @@ def test_a_password_in_the_study_file_reaches_no_file_log_or_script(
         resources={"executor": "slurm"},
     )
     study_file = write_study(tmp_path / "study.yaml", document)
-    proc = run_hpo("launch", str(study_file))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    dry = run_hpo("launch", str(study_file), "--dry-run")
+    assert dry.returncode == 0 and f"127.0.0.1:5432/{database}" in dry.stdout, dry.stdout + dry.stderr
+    assert password not in dry.stdout + dry.stderr
+    launcher = subprocess.Popen(
+        [HPO, "launch", str(study_file)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    argv_seen = 0
+    while launcher.poll() is None:  # every process's argv while the study runs (what ps shows)
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError):
+                assert password.encode() not in cmdline.read_bytes(), cmdline
+                argv_seen += 1
+        time.sleep(0.5)
+    output = launcher.communicate()[0]
+    assert launcher.returncode == 0 and argv_seen, output
     [trial] = load_trials(document, fresh_database)
     assert trial.state.name == "COMPLETE"
     assert _wait_for_sacct(trial.user_attrs["job_id"]) == "COMPLETED"
-    assert password not in proc.stdout + proc.stderr
+    assert password not in output
+    report = run_hpo("report", str(study_file), "--out", str(tmp_path / "work" / "report"))
+    assert report.returncode == 0 and password not in report.stdout + report.stderr
     files = [path for path in (tmp_path / "work").rglob("*") if path.is_file()]
     assert any(path.name.endswith("_submitted.pkl") for path in files)
     assert any(path.name.endswith("_submission.sh") for path in files)
-    for path in files:  # job pickles, the sbatch script, logs, checkpoints
+    assert any(path.name == "summary.json" for path in files)
+    for path in files:  # job pickles, the sbatch script, logs, checkpoints, the report
         assert password.encode() not in path.read_bytes(), path
     # The workdir holds code (submitit's pickles): only its owner may enter it.
     for folder in (tmp_path / "work", tmp_path / "work" / "jobs"):
@@ -264,6 +291,14 @@ def test_cancel_stops_a_running_study_and_leaves_nothing_running(
     # the second trial's job starts late on a busy machine.
     document["trainer"].update(epochs=500, max_steps_per_epoch=40)
     study_file = write_study(tmp_path / "study.yaml", document)
+    # A study whose trial jobs once had the name of this study's Ray job (hpo-NAME-ray): the
+    # cancel of this study must leave its job running.
+    neighbour = copy.deepcopy(document)
+    neighbour["study"].update(
+        name=f"{name}-ray", workdir=str(tmp_path / "neighbour"), n_trials=1, max_concurrent=1
+    )
+    neighbour_file = write_study(tmp_path / "neighbour.yaml", neighbour)
+    neighbour_launcher = launch_in_background(neighbour_file, fresh_database, "--executor", "slurm")
     launcher = launch_in_background(study_file, fresh_database, "--executor", "slurm")
     wait_for_trials(  # two trials running in their jobs
         document,
@@ -272,9 +307,22 @@ def test_cancel_stops_a_running_study_and_leaves_nothing_running(
         lambda trials: sum(1 for t in trials if t.state.name == "RUNNING" and t.intermediate_values) == 2,
         timeout=120,
     )
+    [running] = wait_for_trials(
+        neighbour,
+        fresh_database,
+        neighbour_launcher,
+        lambda trials: bool(trials and trials[0].intermediate_values),
+    )
     proc = run_hpo("cancel", str(study_file), "--storage", fresh_database)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert len(re.findall(r"^trial \d+: cancelled slurm job \d+$", proc.stdout, re.M)) == 2, proc.stdout
+    assert "found by its name" not in proc.stdout, proc.stdout
+    neighbour_job = running.user_attrs["job_id"]
+    assert sacct_states([neighbour_job])[neighbour_job] == "RUNNING"
+    [still] = load_trials(neighbour, fresh_database)
+    assert still.state.name == "RUNNING" and neighbour_launcher.poll() is None
+    assert run_hpo("cancel", str(neighbour_file), "--storage", fresh_database).returncode == 0
+    neighbour_launcher.communicate(timeout=120)
     # The launcher takes no new trial after a cancel, and ends.
     output = launcher.communicate(timeout=120)[0]
     assert launcher.returncode == 1, output  # no trial completed

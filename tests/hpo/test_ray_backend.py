@@ -99,7 +99,7 @@ def test_ray_cluster_inside_one_slurm_job_spanning_both_nodes(
     assert {t.user_attrs["nodes"] for t in trials} == {"n1", "n2"}  # trials ran on both nodes
     [job_id] = {t.user_attrs["job_id"] for t in trials}  # all in the one Ray job
     proc = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "JobID,NNodes", "--name", f"hpo-{name}-ray", "-S", "now-1hour"],
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,NNodes", "--name", f"hpo-{name}:ray", "-S", "now-1hour"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert proc.stdout.split() == [f"{job_id}|2"]
@@ -167,7 +167,7 @@ def test_relaunch_after_the_ray_job_is_cancelled_resumes_without_counting_a_tria
     added = [t for t in trials if t.number not in before]
     assert added and all(t.user_attrs["job_id"] not in first_job for t in added)
     proc = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "--name", f"hpo-{name}-ray", "-S", "now-1hour"],
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "--name", f"hpo-{name}:ray", "-S", "now-1hour"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert len(proc.stdout.splitlines()) == 2, proc.stdout  # the cancelled job and the one that finished

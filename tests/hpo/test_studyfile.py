@@ -21,6 +21,7 @@ import yaml
 from hpo.config import load_study
 from hpo.config.schema import _KeyProblem, parse_duration_min
 from hpo.errors import StudyFileError
+from hpo.slurm import executors
 from hpo.storage import StorageRef, has_password, mask, resolve_storage
 from trainer.yamlfile import load_yaml_mapping
 
@@ -518,6 +519,57 @@ def test_storage_ref_carries_no_password(quickstart_spec: Any, monkeypatch: pyte
     ref = resolve_storage(quickstart_spec, "postgres://u:secret@host:5432/db", "s.yaml")
     assert str(ref) == "postgresql://u@host:5432/db"
     assert "secret" not in repr(ref)
+
+
+def test_a_password_in_the_query_moves_to_pgpassword_and_is_masked(
+    quickstart_spec: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # libpq takes ?password= as it takes user:password@.
+    monkeypatch.setenv("PGPASSWORD", "before")
+    ref = resolve_storage(
+        quickstart_spec, "postgresql://u@host:5432/db?sslmode=require&password=secret", "s.yaml"
+    )
+    assert os.environ["PGPASSWORD"] == "secret"
+    assert str(ref) == "postgresql://u@host:5432/db?sslmode=require"
+    assert has_password("postgresql://u@host/db?password=secret")
+    for url in ("postgresql://u@host/db?password=secret", "postgresql://u@host/db?a=1&password=secret",
+                "not a url ?password=secret"):  # fmt: skip
+        assert "secret" not in mask(url) and "password=***" in mask(url), mask(url)
+
+
+@pytest.mark.parametrize("where", ["query", "PGPASSFILE", "home"])
+def test_a_password_file_others_can_read_is_refused_naming_it(
+    quickstart_spec: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, where: str
+) -> None:
+    passfile = tmp_path / "pgpass"
+    passfile.write_text("host:5432:db:u:secret\n")
+    passfile.chmod(0o644)
+    url = "postgresql://u@host:5432/db"
+    monkeypatch.delenv("PGPASSFILE", raising=False)
+    monkeypatch.delenv("PGPASSWORD", raising=False)  # libpq reads no file when it is set
+    if where == "query":
+        url += f"?passfile={passfile}"
+    elif where == "PGPASSFILE":
+        monkeypatch.setenv("PGPASSFILE", str(passfile))
+    else:
+        monkeypatch.setenv("HOME", str(tmp_path))
+        passfile = passfile.rename(tmp_path / ".pgpass")
+    with pytest.raises(StudyFileError, match=f"{passfile} can be read by others \\(mode 644\\).*chmod 600"):
+        resolve_storage(quickstart_spec, url, "s.yaml")
+    passfile.chmod(0o600)
+    resolve_storage(quickstart_spec, url, "s.yaml")
+
+
+def test_no_job_name_of_one_study_is_a_job_name_of_another(quickstart_spec: Any) -> None:
+    names = ["pc", "pc-ray", "pc-worker", "pc-launcher", "ray", "worker", "pc.ray", "pc_ray", "hpo-pc"]
+    owners: dict[str, str] = {}
+    for name in names:
+        spec = copy.deepcopy(quickstart_spec)
+        spec.study.name = name
+        for role in executors.JOB_ROLES:
+            job = executors.job_name(spec, role)
+            assert owners.setdefault(job, name) == name, f"{job}: {owners[job]} and {name}"
+    assert len(owners) == len(names) * len(executors.JOB_ROLES)
 
 
 def test_mask_and_has_password() -> None:
