@@ -77,6 +77,10 @@ def execute_as_process(request: Request) -> int:
     SIGTERM stops it as cleanly as Ctrl-C, so that a launcher stopped by ``kill`` or by Slurm (its
     job's time limit, a requeue) says which trials keep running."""
     signal.signal(signal.SIGTERM, _interrupt)
+    # A closed terminal or ssh session (SIGHUP) stops the launcher as cleanly: it says which trials
+    # keep running. (nohup, screen and --detach keep it alive instead.)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _interrupt)
     # A script's background job inherits SIGINT ignored (and Python then keeps ignoring it);
     # `kill -INT` must still stop a launcher cleanly.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -91,6 +95,11 @@ def execute(request: Request) -> int:
     """Run a command; returns its exit status, having printed one line for any error."""
     try:
         return run(request)
+    except BrokenPipeError:
+        # `hpo status ... | head`: the reader has what it wanted. Python would complain again when
+        # it flushes stdout at exit, so stdout goes to /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print(f"hpo {request.command}: interrupted", file=sys.stderr)
         return exit_status(KeyboardInterrupt())
@@ -172,15 +181,15 @@ def launch(request: Request, spec: StudySpec, storage: StorageRef) -> int:
         from hpo.dispatch.ray import launch as ray_launch
 
         study = ray_launch.launch(spec, storage, executor, allow_space_change=request.allow_space_change)
-        best = common.summarize(study, spec).best_number
+        summary = common.summarize(study, spec)
     else:
         from hpo.dispatch import launch as launcher
 
         options = launcher.LaunchOptions(
             executor=executor, workers=request.workers, allow_space_change=request.allow_space_change
         )
-        best = launcher.launch(spec, storage, options).best_number
-    if best is None:
+        summary = launcher.launch(spec, storage, options)
+    if summary.best_number is None and not summary.cancelled:
         raise LaunchError(f"no trial of study {spec.study.name!r} completed; see `hpo status {spec.source}`")
     return 0
 

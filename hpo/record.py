@@ -26,6 +26,7 @@ as infeasible. The samplers learn from it (TPE ranks infeasible trials below fea
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -455,6 +456,15 @@ def enqueue_first_trials(study: optuna.Study, spec: StudySpec) -> int:
         study.enqueue_trial(params, skip_if_exists=True)
     study.set_user_attr(STUDY_ATTR_ENQUEUED, True)
     return len(spec.study.enqueue)
+
+
+def report_step(trial: optuna.Trial, step: int, value: float) -> None:
+    """``trial.report``, quiet for a step the trial holds already: a retry carries the curve of the
+    trial it retries, and a run that starts again from scratch reports those steps a second time
+    (Optuna keeps the first value, and would warn at each one)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The reported value is ignored because this")
+        trial.report(value, step)
 
 
 def curve(trial: optuna.trial.FrozenTrial) -> dict[int, float]:

@@ -1004,7 +1004,9 @@ def _slurm_minutes(text: str, match: re.Match[str]) -> float:
 
 
 def _safe_name(key: str, value: str) -> None:
-    if not _SAFE_NAME.fullmatch(value) or len(value) > 100:
+    if len(value) > 100:  # a job name, a folder name: within every filesystem's and Slurm's limits
+        raise _KeyProblem(key, f"may be at most 100 characters long, got {len(value)}")
+    if not _SAFE_NAME.fullmatch(value):
         raise _KeyProblem(key, f"may contain only letters, digits, '.', '_' and '-', got {value!r}")
 
 

@@ -69,6 +69,8 @@ class LaunchSummary:
     best_number: int | None
     best_value: float | None
     best_params: dict[str, Any]
+    cancelled: bool = False
+    """`hpo cancel` stopped the study: no completed trial is then no failure of the launcher."""
 
 
 Log = Callable[[str], None]
@@ -97,21 +99,45 @@ def open_study(
     return study, backend, planned
 
 
+class Deferral:
+    """SIGINT and SIGTERM held (see :func:`signals_deferred`), with a pause that lets them through."""
+
+    def __init__(self) -> None:
+        self.held: list[int] = []
+        self.previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def hold(self) -> None:
+        for sig in self.previous:
+            signal.signal(sig, lambda signum, frame: self.held.append(signum))
+
+    def release(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait with the signals let through (between two sbatch tries nothing is half-done): a
+        stop now raises here, and the caller closes the trial it holds."""
+        if self.held:
+            raise KeyboardInterrupt
+        self.release()
+        try:
+            time.sleep(seconds)
+        finally:
+            self.hold()
+
+
 @contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[Deferral]:
     """Hold SIGINT and SIGTERM while a job is submitted and its id stored: a launcher stopped in
     between would leave a job that no stored trial points to. (A signal mask would not do: the
     kernel may hand the signal to another thread, and Python still raises in the main one.)"""
-    held: list[int] = []
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig in previous:
-        signal.signal(sig, lambda signum, frame: held.append(signum))
+    deferral = Deferral()
+    deferral.hold()
     try:
-        yield
+        yield deferral
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if held:
+        deferral.release()
+    if deferral.held:
         raise KeyboardInterrupt
 
 
@@ -138,7 +164,7 @@ class Dispatcher:
         self.started = time.time()
         self.space = search.distributions(spec)
         self.in_flight: list[InFlight] = []
-        self.slurm = executors.SlurmStates()
+        self.slurm = executors.SlurmStates(log=log)
         self.best: float | None = None
         self.progress = progress
         self.claim = claim
@@ -313,11 +339,14 @@ def summarize(study: optuna.Study, spec: StudySpec, log: Log = print) -> LaunchS
     counts: dict[str, int] = {}
     for trial in record.own_trials(study):
         counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
-    summary = LaunchSummary(counts=counts, best_number=None, best_value=None, best_params={})
+    cancelled = bool(record.cancel_requested_at(study))
+    summary = LaunchSummary(
+        counts=counts, best_number=None, best_value=None, best_params={}, cancelled=cancelled
+    )
     log("trials: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
     best = record.best_trial(study, spec)
     if best is None:
-        log("no trial completed")
+        log("no trial completed: the study was cancelled (hpo cancel)" if cancelled else "no trial completed")
         return summary
     summary.best_number, summary.best_value, summary.best_params = (
         best.number,

@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 
 from hpo import record
-from hpo.dispatch.common import Dispatcher, InFlight, signals_deferred
+from hpo.dispatch.common import Deferral, Dispatcher, InFlight, signals_deferred
 from hpo.errors import LaunchError, NotReadyError, one_line
 from hpo.slurm import executors
 from hpo.trial import retries
@@ -57,12 +57,12 @@ class PerTrialDispatcher(Dispatcher):
         return False
 
     def _submit(self, executor: Any) -> None:
-        with signals_deferred():
+        with signals_deferred() as deferral:
             if self.claim is not None:
                 self.claim.confirm()
             trial = self.study.ask(self.space)
             try:
-                self._submit_asked(executor, trial)
+                self._submit_asked(executor, trial, deferral)
             except BaseException as err:
                 # Whatever stopped the submission, the trial asked for it is not left RUNNING.
                 reason = f"never submitted: {one_line(err, last=True, name=False)}"
@@ -72,7 +72,7 @@ class PerTrialDispatcher(Dispatcher):
                     raise LaunchError(f"trial {trial.number}: {reason}") from None
                 raise  # an interruption, or the database gone for longer than the outage policy waits
 
-    def _submit_asked(self, executor: Any, trial: optuna.Trial) -> None:
+    def _submit_asked(self, executor: Any, trial: optuna.Trial, deferral: Deferral) -> None:
         retries.inherit_checkpoint(self.spec, trial)
         asked = {record.ATTR_EXECUTOR: self.options.executor, record.ATTR_ASKED_AT: record.now_iso()}
         record.set_attrs(trial, asked)
@@ -87,7 +87,10 @@ class PerTrialDispatcher(Dispatcher):
             self.options.objective or objective_for(self.spec),
         )
         try:
-            job = executor.submit(task)
+            # A controller restart is waited out here, the trial held (closed if the launcher stops).
+            job = executors.submit_when_controller_answers(
+                lambda: executor.submit(task), self.log, deferral.sleep
+            )
         except Exception as err:
             raise LaunchError(f"submission failed: {one_line(err, last=True, name=False)}") from None
         # A trial that fails within a second may have told already: its attributes are frozen.

@@ -69,9 +69,14 @@ class WorkerDispatcher(Dispatcher):
             started=self.started,
             time_limit_min=time_min,
         )
+
+        def submit_array() -> list[Any]:
+            with executor.batch():
+                return [executor.submit(task) for _ in range(count)]
+
         try:
-            with signals_deferred(), executor.batch():
-                jobs = [executor.submit(task) for _ in range(count)]
+            with signals_deferred() as deferral:
+                jobs = executors.submit_when_controller_answers(submit_array, self.log, deferral.sleep)
         except Exception as err:
             raise LaunchError(f"worker submission failed: {one_line(err, last=True, name=False)}") from None
         self.log(

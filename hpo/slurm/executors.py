@@ -7,6 +7,7 @@ job handles from stored job ids when a launcher resumes a study.
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import re
@@ -15,20 +16,46 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import submitit
 from submitit.core.utils import JobPaths
 from submitit.slurm.slurm import _make_sbatch_string
 
-from hpo.errors import LaunchError
+from hpo.errors import LaunchError, one_line
 from hpo.paths import private_dir
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     import submitit
 
     from hpo.config import StudySpec
+
+SLURM_OUTAGE_TOLERANCE_S = 900.0
+"""How long the launcher keeps trying sbatch while the Slurm controller does not answer (a restart,
+a failover, an RPC rate limit) before it gives up on the submission."""
+
+LOCAL_SIGNAL_DELAY_S = 3
+"""How long before a local trial's time limit its process is told to checkpoint and requeue."""
+
+UNKNOWN_GRACE_S = float(os.environ.get("HPO_UNKNOWN_GRACE_S", "300"))
+"""How long a job that neither sacct nor squeue knows is given before the launcher takes it as
+ended. ``HPO_UNKNOWN_GRACE_S`` overrides it (the fault tests shorten it to pass it quickly)."""
+
+# sbatch's words for a controller that is away or overloaded: worth trying again.
+_CONTROLLER_AWAY = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "resource temporarily unavailable",
+    "slurm temporarily unable",
+    "connection refused",
+    "zero bytes were transmitted",
+    "rpc rate limit",
+    "backup controller",
+)
 
 _SLURM_ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
                 "PREEMPTED", "TIMEOUT", "REVOKED", "SPECIAL_EXIT"}  # fmt: skip
@@ -59,6 +86,10 @@ def make_executor(
         local = submitit.LocalExecutor(folder=folder / "%j", python=python)
         local.update_parameters(
             timeout_min=time_min or res.time_min,
+            # submitit's local default signals 30 s before the limit, which a short local trial
+            # takes as its limit (an epoch of 40 s in a 1 min trial would requeue until it fails);
+            # the trainer checkpoints every epoch, so the signal only needs time to requeue.
+            signal_delay_s=LOCAL_SIGNAL_DELAY_S,
             tasks_per_node=res.tasks_per_node,
             gpus_per_node=res.gpus_per_node,
             setup=list(res.setup),
@@ -143,6 +174,52 @@ def queued_jobs(spec: StudySpec) -> list[str]:
     return proc.stdout.split()
 
 
+def controller_away(err: BaseException) -> bool:
+    """Whether a failed submission says the Slurm controller is away, rather than refusing the job."""
+    text = str(err).lower()
+    return any(words in text for words in _CONTROLLER_AWAY)
+
+
+def submit_when_controller_answers(
+    submit: Callable[[], T],
+    log: Callable[[str], None],
+    pause: Callable[[float], None] = time.sleep,
+    tolerance_s: float = SLURM_OUTAGE_TOLERANCE_S,
+) -> T:
+    """``submit()``, tried again with backoff (5 s doubling to 60 s) for up to ``tolerance_s``
+    while the controller is away. Trying again cannot run a trial twice: a job whose sbatch answer
+    was lost finds no pickle under its id (submitit moves it there only once sbatch answered) and
+    ends within a minute without running anything."""
+    delay = 5.0
+    away_since = time.monotonic()
+    while True:
+        try:
+            return submit()
+        except Exception as err:
+            away_s = time.monotonic() - away_since
+            if not controller_away(err) or away_s + delay > tolerance_s:
+                raise
+            log(f"Slurm controller unreachable ({one_line(err, last=True, name=False)}); sbatch again in "
+                f"{delay:.0f} s (away {away_s:.0f} s; the launcher waits up to {tolerance_s / 60:.0f} min)")  # fmt: skip
+            pause(delay)
+            delay = min(2 * delay, 60.0)
+
+
+def user_queue() -> set[str] | None:
+    """The ids of this user's jobs slurmctld lists (pending, running, completing; one per array
+    task); None when squeue cannot tell (the controller away)."""
+    try:
+        proc = subprocess.run(
+            ["squeue", "-h", "-r", "-u", pwd.getpwuid(os.getuid()).pw_name, "-o", "%i"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return set(proc.stdout.split()) if proc.returncode == 0 else None
+
+
 def slurm_job(spec: StudySpec, job_id: str) -> submitit.Job[Any]:
 
     return submitit.SlurmJob(folder=jobs_folder(spec) / "%j", job_id=job_id)
@@ -169,13 +246,22 @@ class SlurmStates:
     """
 
     def __init__(
-        self, refresh_s: float = 10.0, unknown_grace_s: float = 300.0, requeue_grace_s: float = 90.0
+        self,
+        refresh_s: float = 10.0,
+        unknown_grace_s: float = UNKNOWN_GRACE_S,
+        requeue_grace_s: float = 90.0,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         self.refresh_s = refresh_s
         self.unknown_grace_s = unknown_grace_s
         self.requeue_grace_s = requeue_grace_s
+        self.log = log
         self._last_refresh = float("-inf")
         self._seen_since: dict[tuple[str, str], float] = {}
+        self._queue: set[str] | None = None
+        self._queue_read_at = float("-inf")
+        self._vouched: set[str] = set()
+        _quiet_repeated_sacct_warnings()
 
     def ended(self, job: Any) -> bool:
         """Whether the job will run no more: its rank 0 left a result, or Slurm says it ended."""
@@ -187,7 +273,16 @@ class SlurmStates:
             self._last_refresh = now
         state = self.state(job)
         job_id = str(job.job_id)
-        # UNKNOWN: not in sacct (yet, or any more); NODE_FAIL, PREEMPTED: maybe about to be
+        if state == "UNKNOWN" and self._listed_by_squeue(job_id) is not False:
+            # sacct cannot tell (slurmdbd away, or the job too new for it), and slurmctld lists the
+            # job, or is away too: nobody says it ended, so it has not.
+            self._seen_since.pop((job_id, state), None)
+            if self.log is not None and job_id not in self._vouched:
+                self._vouched.add(job_id)
+                self.log(f"sacct does not know job {job_id} (slurmdbd away?); squeue lists it, or cannot "
+                         "tell either: taken as running")  # fmt: skip
+            return False
+        # UNKNOWN: in neither sacct nor squeue; NODE_FAIL, PREEMPTED: maybe about to be
         # requeued. Either is an end only once it has lasted its grace period.
         grace = self.unknown_grace_s if state == "UNKNOWN" else self.requeue_grace_s
         if state == "UNKNOWN" or state in _SLURM_MAY_REQUEUE:
@@ -196,6 +291,12 @@ class SlurmStates:
         for key in [key for key in self._seen_since if key[0] == job_id]:
             del self._seen_since[key]
         return state in _SLURM_ENDED
+
+    def _listed_by_squeue(self, job_id: str) -> bool | None:
+        now = time.monotonic()
+        if now - self._queue_read_at >= self.refresh_s:
+            self._queue, self._queue_read_at = user_queue(), now
+        return None if self._queue is None else job_id in self._queue
 
     @staticmethod
     def state(job: Any) -> str:
@@ -224,3 +325,30 @@ def error_line(spec: StudySpec, job_id: str, tasks: int) -> str:
 
 
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|slurmstepd: error)\b")
+
+
+class _OncePerWindow(logging.Filter):
+    """Lets one of submitit's "Bypassing sacct error" warnings through per window: with slurmdbd
+    away, submitit warns at every poll (every 10 s for hours)."""
+
+    def __init__(self, window_s: float = 600.0) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self._shown_at = float("-inf")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "Bypassing sacct error" not in record.getMessage():
+            return True
+        now = time.monotonic()
+        if now - self._shown_at < self.window_s:
+            return False
+        self._shown_at = now
+        record.msg = f"{record.getMessage()} (said once per {self.window_s / 60:.0f} min while it lasts)"
+        record.args = ()
+        return True
+
+
+def _quiet_repeated_sacct_warnings() -> None:
+    submitit_logger = logging.getLogger("submitit")
+    if not any(isinstance(f, _OncePerWindow) for f in submitit_logger.filters):
+        submitit_logger.addFilter(_OncePerWindow())

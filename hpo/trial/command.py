@@ -272,8 +272,30 @@ class _Command:
         return any(thread.is_alive() for thread in self._threads[:2])
 
     def _read_lines(self, kind: str, stream: IO[bytes], echo: IO[str]) -> None:
-        # Bounded lines: a progress bar that never ends its line must not grow without limit.
-        while raw := stream.readline(MAX_LINE):
+        # Bounded lines: a progress bar that never ends its line must not grow without limit. A
+        # piece cut at MAX_LINE is whole only up to its last \r: the rest (maybe a metric line
+        # whose value is cut) waits for the next piece, never read as a line of its own.
+        carry = b""
+        while True:
+            raw = stream.readline(MAX_LINE)
+            if not raw:
+                if not carry:
+                    return
+                raw, carry = carry, b""  # the output's last line, without its newline
+            elif not raw.endswith(b"\n"):
+                pending = carry + raw
+                cut = pending.rfind(b"\r") + 1
+                raw, carry = pending[:cut], pending[cut:]
+                if len(carry) > MAX_LINE:  # a line longer than a piece: its front goes to the log only
+                    with contextlib.suppress(OSError, ValueError):
+                        print(
+                            carry[:-MAX_LINE].decode("utf-8", errors="replace"), end="", file=echo, flush=True
+                        )
+                    carry = carry[-MAX_LINE:]
+                if not raw:
+                    continue
+            else:
+                raw, carry = carry + raw, b""
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             with contextlib.suppress(OSError, ValueError):  # a full disk under the job log
                 print(line, file=echo, flush=True)  # the job's log keeps the command's output

@@ -56,6 +56,6 @@ class OptunaReporter:
             self.curve = {**earlier, str(metrics.epoch): value}
             record.set_attr(self.trial, record.ATTR_CURVE, self.curve)
             return Decision.CONTINUE
-        self.trial.report(value, step=metrics.epoch)
+        record.report_step(self.trial, metrics.epoch, value)
         prune = self.trial.should_prune()
         return Decision.STOP if prune else Decision.CONTINUE

@@ -35,7 +35,7 @@ def inherit_checkpoint(spec: StudySpec, trial: optuna.Trial | optuna.trial.Froze
         # the retry takes the curve up to it (one resumed at its last step reports nothing).
         [earlier] = [t for t in trial.study.get_trials(deepcopy=False) if t.number == int(failed)]
         for step, value in sorted(record.curve(earlier).items()):
-            trial.report(value, step)
+            record.report_step(trial, step, value)
     return int(failed)
 
 

@@ -71,6 +71,38 @@ def study_document(name: str, workdir: Path, **sections: Any) -> dict[str, Any]:
     return document
 
 
+def score_study(tmp_path: Path, name: str, objective: dict[str, Any], **study: Any) -> dict[str, Any]:
+    """A study of the user's own small objective (a function or a command, standard library only,
+    seconds per trial) that maximizes ``score`` over one parameter ``x``, as local processes."""
+    document: dict[str, Any] = {
+        "study": {
+            "name": name,
+            "workdir": str(tmp_path / "work"),
+            "metric": "score",
+            "direction": "maximize",
+            "sampler": {"name": "random", "seed": 0},
+            "pruner": {"name": "none"},
+            **study,
+        },
+        "search_space": {"x": {"type": "float", "low": 0.5, "high": 2.0}},
+        "objective": objective,
+        "resources": {"executor": "local", "time": "5m"},
+    }
+    return document
+
+
+def start_hpo(*args: str, **env: str) -> subprocess.Popen[str]:
+    """``hpo ARGS`` as a child process, its output (stdout and stderr) collected for the assertions."""
+    return subprocess.Popen(
+        [HPO, *args],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def fault_line(fault: str, outcome: str, lost: int, recovery_s: float | None) -> None:
     """The line a fault test prints for the README's fault table (``pytest -s`` shows them)."""
     shown = "-" if recovery_s is None else f"{recovery_s:.1f} s"
@@ -181,16 +213,9 @@ def distinct_params(trials: list[Any]) -> bool:
     return len(set(keys)) == len(keys)
 
 
-def launch_in_background(study_file: Path, storage: str, *extra: str) -> subprocess.Popen[str]:
+def launch_in_background(study_file: Path, storage: str, *extra: str, **env: str) -> subprocess.Popen[str]:
     """``hpo launch`` as a child process, its output collected for the assertions."""
-    return subprocess.Popen(
-        [HPO, "launch", str(study_file), "--storage", storage, *extra],
-        cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return start_hpo("launch", str(study_file), "--storage", storage, *extra, **env)
 
 
 def trials_or_none(document: dict[str, Any], storage: str) -> list[Any] | None:

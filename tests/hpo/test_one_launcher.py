@@ -51,7 +51,7 @@ def slurm_study(tmp_path: Path, n_trials: int, max_concurrent: int, **trainer: A
 def queued(document: dict[str, Any]) -> list[str]:
     name = f"hpo-{document['study']['name']}"
     proc = subprocess.run(
-        ["squeue", "-h", "--name", f"{name},{name}-worker,{name}-launcher", "-o", "%i %T"],
+        ["squeue", "-h", "--name", f"{name},{name}:worker,{name}:launcher", "-o", "%i %T"],
         capture_output=True,
         text=True,
         check=True,

@@ -237,6 +237,7 @@ CORPUS = [
     pytest.param(Bad(("study.name", "may contain only"), {"study.name": "my study"}), id="name-space"),
     pytest.param(Bad(("study.name", "may contain only", "$(rm -rf /)"), {"study.name": "x$(rm -rf /)"}), id="name-subshell"),
     pytest.param(Bad(("study.name", "may contain only"), {"study.name": "a;b"}), id="name-semicolon"),
+    pytest.param(Bad(("study.name", "at most 100 characters long, got 250"), {"study.name": "a" * 250}), id="name-too-long"),
     pytest.param(Bad(("resources.partition", "may contain only"), {"resources.partition": "gpu'"}), id="partition-quote"),
     pytest.param(Bad(("resources.constraint", "not a Slurm constraint"), {"resources.constraint": "a100 h100"}), id="constraint-space"),
     pytest.param(Bad(("resources.setup[1]", "single line"), {"resources.setup": ["module load cuda", "echo a\necho b"]}), id="setup-newline"),

@@ -49,7 +49,7 @@ def launch(
 def _launch_on_slurm(
     spec: StudySpec, storage: StorageRef, study: optuna.Study, objective: Objective | None, log: Any
 ) -> optuna.Study:
-    probe = executors.SlurmStates()
+    probe = executors.SlurmStates(log=log)
     job_id = record.ray_job(study)
     job = executors.slurm_job(spec, str(job_id)) if job_id else None
     if job is not None and not probe.ended(job):
@@ -86,7 +86,8 @@ def _submit(
         allocation, "slurm", job_name=executors.job_name(spec, "ray"), time_min=time_min
     )
     try:
-        job = executor.submit(RayClusterTask(spec, storage, objective))
+        task = RayClusterTask(spec, storage, objective)
+        job = executors.submit_when_controller_answers(lambda: executor.submit(task), log)
     except Exception as err:
         raise LaunchError(f"Ray job submission failed: {one_line(err, last=True, name=False)}") from None
     log(f"Ray job {job.job_id} submitted: {spec.resources.nodes} nodes, {slots} trials per node, "
