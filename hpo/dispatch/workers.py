@@ -9,7 +9,7 @@ from typing import Any
 import optuna
 
 from hpo import record
-from hpo.dispatch.common import Dispatcher, signals_deferred, worker_entry
+from hpo.dispatch.common import Dispatcher, InFlight, signals_deferred, worker_entry
 from hpo.errors import LaunchError, one_line
 from hpo.slurm import executors
 from hpo.trial.task import objective_for
@@ -23,27 +23,36 @@ class WorkerDispatcher(Dispatcher):
         """Keep ``count`` worker jobs pulling trials until the budget is met. Workers that end
         (time limit, failure) are replaced while trials remain, as long as a round makes progress."""
         live = self._take_over_running_trials(per_trial=False)
-        if live:
-            self.log(f"{len(live)} workers of an earlier launch still run: {', '.join(sorted(live))}")
+        # An earlier launch's workers that still run are watched as this launch's own (its
+        # launcher was killed): they go on pulling trials, and count toward ``count``.
+        adopted = [self._adopt(job_id) for job_id in sorted(live)]
+        if adopted:
+            self.log(f"{len(adopted)} workers of an earlier launch still run: {', '.join(sorted(live))}")
         seen = {t.number for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()}
         while self._counted() < self.spec.study.n_trials and self._accepting():
-            wanted = min(count - len(live), self.spec.study.n_trials - self._counted())
+            wanted = min(count - len(adopted), self.spec.study.n_trials - self._counted())
             if self.claim is not None:
                 self.claim.confirm()
             jobs = self._submit_workers(wanted) if wanted > 0 else []
+            watched = [worker_entry(job, self.options.executor) for job in jobs] + adopted
             finished_before = len(seen)
-            while not all(self._ended(worker_entry(job, self.options.executor)) for job in jobs):
+            while not all(self._ended(entry) for entry in watched):
                 seen = self._report_new(seen)
                 self._accepting()  # tells `hpo cancel` at once that no more workers come
                 time.sleep(self.options.poll_interval_s)
             seen = self._report_new(seen)
-            self._fail_orphans(jobs)
+            self._fail_orphans(watched)
             seen = self._report_new(seen)
-            live = set()  # the earlier launch's workers are not waited for twice
+            adopted = []  # the earlier launch's workers are not waited for twice
             if len(seen) == finished_before and self._counted() < self.spec.study.n_trials:
                 raise LaunchError(
-                    f"{len(jobs)} workers ended without finishing a trial; see their logs in {executors.jobs_folder(self.spec)}"
+                    f"{len(watched)} workers ended without finishing a trial; see their logs in {executors.jobs_folder(self.spec)}"
                 )
+
+    def _adopt(self, job_id: str) -> InFlight:
+        if self.options.executor == "slurm":
+            return InFlight(-1, -1, job_id, "slurm", 1, executors.slurm_job(self.spec, job_id))
+        return InFlight(-1, -1, job_id, "local", 1)  # watched by its pid
 
     def _submit_workers(self, count: int) -> list[Any]:
         res = self.spec.resources
@@ -98,11 +107,11 @@ class WorkerDispatcher(Dispatcher):
             self.progress.tick()
         return seen
 
-    def _fail_orphans(self, jobs: list[Any]) -> None:
+    def _fail_orphans(self, workers: list[InFlight]) -> None:
         """A worker that died mid-trial leaves that trial RUNNING: fail it with the worker's end."""
 
-        by_id = {str(job.job_id): job for job in jobs}
+        by_id = {entry.job_id: entry for entry in workers}
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            job = by_id.get(str(trial.user_attrs.get(record.ATTR_JOB_ID)))
-            if job is not None:
-                self._fail(trial.number, self._end_reason(worker_entry(job, self.options.executor)))
+            entry = by_id.get(str(trial.user_attrs.get(record.ATTR_JOB_ID)))
+            if entry is not None:
+                self._fail(trial.number, self._end_reason(entry))

@@ -15,6 +15,7 @@ Parameters become argv elements by substitution (``hpo.config.command``): no she
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import json
 import math
@@ -125,6 +126,8 @@ class _Command:
         if channel:
             self._ours, theirs = socket.socketpair()
             env = {**env, client.ENV_FD: str(theirs.fileno())}
+        _become_subreaper()
+        self._spared = _descendants()[0]  # processes this one ran before the command: not its own
         try:
             self.process = subprocess.Popen(
                 argv,
@@ -158,8 +161,10 @@ class _Command:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        # Whatever ended the run (a stop, an exception, submitit's requeue), nothing stays running.
+        # Whatever ended the run (a stop, an exception, submitit's requeue), nothing stays running:
+        # its process group, then what left it (a daemon started with setsid).
         self.stop(grace_s=0.0 if self.process.poll() is not None else 5.0)
+        _end_descendants(self._spared)
         if self._ours is not None:
             self._ours.close()
         if self._previous_sigterm is not None:
@@ -354,6 +359,53 @@ def _step(found: re.Match[str], counted: int) -> int | None:
         return int(found.group("step") or "")
     except ValueError:
         return None
+
+
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def _become_subreaper() -> None:
+    """Orphans of the command (a daemon it started with setsid, outside its process group, whose
+    parent then exited) are re-parented to this process instead of init, where
+    :func:`_end_descendants` finds them. Slurm's cgroup would end them with the job, but a
+    --workers job or a local trial goes on after its command."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _descendants() -> tuple[set[int], set[int]]:
+    """The processes below this one, and those of them that are its own children."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    below: set[int] = set()
+    todo = list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        below.add(pid)
+        todo += children.get(pid, [])
+    return below, set(children.get(os.getpid(), []))
+
+
+def _end_descendants(spare: set[int], rounds: int = 5) -> None:
+    """SIGKILL every process below this one but ``spare`` (those that were there before the
+    command); reap those re-parented to it. A few rounds: a process killed in one may leave
+    orphans that reach this process only then."""
+    for _ in range(rounds):
+        below, own = _descendants()
+        below -= spare
+        if not below:
+            return
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in own & below:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, 0)
+        time.sleep(0.05)
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from tests.hpo.conftest import HPO, REPO, load_trials, run_hpo, score_study, start_hpo, write_study
+from tests.hpo.test_objective import _processes_with
 
 # Reports "step N score X*N" for 4 steps, 0.5 s apart; the first run of each x fails after its
 # last report (a crash at the end of training), its retry succeeds.
@@ -150,3 +152,74 @@ def test_a_metric_line_cut_by_the_read_boundary_is_read_whole(tmp_path: Path) ->
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [trial] = load_trials(document)
     assert trial.value == 0.323456 and trial.intermediate_values == {1: 0.323456}
+
+
+WORKER_FUNCTION = """
+import time
+
+def objective(params, trial):
+    for step in range(1, 5):
+        time.sleep(1.5)
+        trial.report(step, params["x"] * step)
+    return params["x"] * 4
+"""
+
+
+def test_a_relaunch_adopts_the_local_workers_a_killed_launcher_left(tmp_path: Path) -> None:
+    (tmp_path / "worker_objective.py").write_text(WORKER_FUNCTION)
+    document = score_study(
+        tmp_path,
+        "adopt",
+        {"steps": 4, "function": "worker_objective:objective"},
+        n_trials=6,
+        max_concurrent=2,
+    )
+    study_file = write_study(tmp_path / "study.yaml", document)
+    first = start_hpo("launch", str(study_file), "--workers", "2")
+    deadline = time.monotonic() + 120
+    while True:  # both workers in a trial
+        trials = load_trials(document) if (tmp_path / "work" / "optuna.journal").exists() else []
+        if sum(1 for t in trials if t.state.name == "RUNNING" and t.intermediate_values) == 2:
+            break
+        assert time.monotonic() < deadline and first.poll() is None, first.communicate()[0]
+        time.sleep(0.3)
+    first.kill()  # SIGKILL: no word to the workers, which run on
+    first.wait()
+    assert first.stdout is not None
+    first.stdout.close()  # the workers hold the pipe's other end: reading it would wait for them
+
+    relaunch = run_hpo("launch", str(study_file), "--workers", "2", timeout=300)
+
+    assert relaunch.returncode == 0, relaunch.stdout + relaunch.stderr
+    assert "2 workers of an earlier launch still run" in relaunch.stdout, relaunch.stdout
+    trials = [t for t in load_trials(document) if not t.user_attrs.get("surplus")]
+    assert len(trials) == 6 and all(t.state.name == "COMPLETE" for t in trials), [
+        (t.number, t.state.name, t.user_attrs) for t in trials
+    ]
+    assert len({t.params["x"] for t in trials}) == 6
+
+
+# Starts a daemon in a session of its own (outside the command's process group, as `setsid`,
+# a service's own start script or a detached tensorboard do), then reports below the threshold.
+DAEMONIZING = r"""
+import subprocess, sys, time
+subprocess.Popen(["setsid", sys.executable, "-c", "import time; time.sleep(600)", sys.argv[1]])
+time.sleep(0.5)
+print("step 1 score 0.1", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_pruned_command_leaves_no_process_even_one_in_its_own_session(tmp_path: Path) -> None:
+    marker = f"daemon-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "daemonizing.py").write_text(DAEMONIZING)
+    document, study_file = _study(tmp_path, n_trials=1, max_retries=0)
+    document["objective"].update(steps=4, command=["{python}", "daemonizing.py", marker])
+    document["study"]["pruner"] = {"name": "threshold", "options": {"lower": 0.5}}
+    write_study(study_file, document)
+
+    proc = run_hpo("launch", str(study_file), timeout=300)
+
+    [trial] = load_trials(document)
+    assert trial.state.name == "PRUNED", proc.stdout + proc.stderr
+    assert _processes_with(marker) == []
