@@ -129,9 +129,9 @@ def _mend_last_line(fd: int, path: str) -> tuple[int, bytes]:
     line = os.pread(fd, size - start, start)
     if line.endswith(b"\n") and _parses(line):
         return size, b""
-    kept = _last_whole_record(line) if line.endswith(b"\n") else b""
-    what = "a damaged last line" if line.endswith(b"\n") else "an incomplete last record"
-    _keep_aside(path, line[: len(line) - len(kept)].rstrip(b"\n"), what)
+    kept = _whole_records(line) if line.endswith(b"\n") else b""
+    what = "a damaged last line (its whole records kept)" if kept else "an incomplete last record"
+    _keep_aside(path, line.rstrip(b"\n"), what)
     os.ftruncate(fd, start)
     return start, kept
 
@@ -159,8 +159,8 @@ def repair(path: str) -> int:
         for number, line in enumerate(lines):
             if not line.endswith(b"\n") or _parses(line):
                 continue  # a partial last line is the next append's to set aside
-            kept = _last_whole_record(line)
-            _keep_aside(path, line[: len(line) - len(kept)].rstrip(b"\n"), f"a damaged line {number + 1}")
+            kept = _whole_records(line)
+            _keep_aside(path, line.rstrip(b"\n"), f"a damaged line {number + 1} (its whole records kept)")
             lines[number] = kept
             mended += 1
         if mended:
@@ -187,11 +187,70 @@ def _parses(line: bytes) -> bool:
     return True
 
 
-def _last_whole_record(line: bytes) -> bytes:
-    """The longest end of ``line`` that is one whole record, or nothing."""
-    start = line.find(RECORD_START, 1)
-    while start > 0:
-        if _parses(line[start:]):
-            return line[start:]
-        start = line.find(RECORD_START, start + 1)
-    return b""
+def _whole_records(line: bytes) -> bytes:
+    """The whole records in a damaged line, one per line: after a cut-off record (a partial write
+    followed by the next append), or run together (``...}{{"op_code":...``, as writes on a shared
+    filesystem have been seen to leave: Optuna #5138). Nothing if none is whole."""
+    decoder = json.JSONDecoder()
+    text = line.decode("utf-8", errors="replace")
+    marker = RECORD_START.decode()
+    kept = []
+    start = text.find(marker)
+    while start >= 0:
+        try:
+            record, end = decoder.raw_decode(text, start)
+        except ValueError:
+            start = text.find(marker, start + 1)
+            continue
+        if isinstance(record, dict):
+            kept.append(text[start:end] + "\n")
+        start = text.find(marker, end)
+    return "".join(kept).encode()
+
+
+SHARED_FILESYSTEMS = (
+    "nfs",
+    "nfs4",
+    "gpfs",
+    "lustre",
+    "beegfs",
+    "cifs",
+    "smb3",
+    "ceph",
+    "glusterfs",
+    "fuse.sshfs",
+)
+"""Filesystem types whose clients cache: appends from processes on several nodes can be lost or
+run together, whatever the lock (Optuna #5138)."""
+
+
+def filesystem_type(path: Path) -> str:
+    """The type of the filesystem holding ``path`` (its longest mount point in /proc/mounts)."""
+    best, kind = "", ""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return ""
+    target = str(path.resolve())
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def shared_filesystem_warning(path: Path) -> str | None:
+    """A warning for a journal that trials on several nodes would write over a shared filesystem."""
+    kind = filesystem_type(path.parent)
+    if kind not in SHARED_FILESYSTEMS:
+        return None
+    return (
+        f"study.storage: the journal {path} is on {kind}, a shared filesystem: trial jobs on several "
+        "nodes append to it through client caches that can lose or run together writes (the service "
+        "mends what it can read when it opens the journal); for trials on many nodes use PostgreSQL "
+        "(deploy/postgresql/README.md)"
+    )

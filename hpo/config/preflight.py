@@ -52,6 +52,14 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
             f"{spec.source}: resources.executor is {executor} (add --executor slurm)"
         )
     check_executor_available(spec, executor)
+    from hpo.storage import JOURNAL_PREFIX
+
+    if executor == "slurm" and spec.study.storage and spec.study.storage.startswith(JOURNAL_PREFIX):
+        from hpo.journal import shared_filesystem_warning
+
+        warning = shared_filesystem_warning(Path(spec.study.storage[len(JOURNAL_PREFIX) :]))
+        if warning is not None:
+            spec.warnings.append(warning)
     if executor == "slurm":
         nodes, gpus, cpus = _job_shape(spec)
         check_partition_capacity(spec, nodes, gpus, cpus)

@@ -169,8 +169,10 @@ class Lease:
         holder = self._try_acquire()
         if holder is not None:
             raise LaunchError(
-                f"study {self.study_name!r} was taken over by {holder} during a database outage; "
-                "this launcher stops (the trials in flight run on, watched by that launcher)"
+                f"study {self.study_name!r} was taken over by {holder} while this launcher's lock "
+                "session was gone (a database outage, or this launcher frozen or cut off past the "
+                "server's keepalives); this launcher stops before it submits again (the trials in "
+                "flight run on, watched by that launcher)"
             )
 
     def held_by_another(self) -> str | None:

@@ -91,6 +91,22 @@ def score_study(tmp_path: Path, name: str, objective: dict[str, Any], **study: A
     return document
 
 
+def sleeping_objective(steps: int, step_s: float) -> str:
+    """A module (write it as ``my_objective.py`` beside the study file) whose ``objective`` reports
+    ``x * step`` for ``steps`` steps, ``step_s`` seconds apart: a trial long enough to be hit by
+    a fault, with no torch to import (its job starts in a second)."""
+    return f"""
+import time
+
+def objective(params, trial):
+    for step in range(1, {steps} + 1):
+        time.sleep({step_s})
+        if trial.report(step, params["x"] * step):
+            return None
+    return params["x"] * {steps}
+"""
+
+
 def start_hpo(*args: str, **env: str) -> subprocess.Popen[str]:
     """``hpo ARGS`` as a child process, its output (stdout and stderr) collected for the assertions."""
     return subprocess.Popen(

@@ -26,6 +26,7 @@ from tests.hpo.conftest import (
     launch_in_background,
     load_trials,
     score_study,
+    sleeping_objective,
     wait_for_trials,
     write_study,
 )
@@ -33,22 +34,11 @@ from tests.hpo.test_faults import check_budget_met_once, stored_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.injects_fault]
 
-OBJECTIVE = """
-import time
-
-def objective(params, trial):
-    for step in range(1, {steps} + 1):
-        time.sleep({step_s})
-        if trial.report(step, params["x"] * step):
-            return None
-    return params["x"] * {steps}
-"""
-
 
 def _study(
     tmp_path: Path, name: str, n_trials: int, steps: int, step_s: float
 ) -> tuple[dict[str, Any], Path]:
-    (tmp_path / "my_objective.py").write_text(OBJECTIVE.format(steps=steps, step_s=step_s))
+    (tmp_path / "my_objective.py").write_text(sleeping_objective(steps, step_s))
     document = score_study(
         tmp_path,
         f"{name}-{uuid.uuid4().hex[:6]}",
@@ -148,4 +138,79 @@ def test_slurmdbd_away_longer_than_the_launchers_patience_fails_no_running_trial
         "squeue vouches for the running jobs; 4 of 4 COMPLETE, none failed, one job each",
         0,
         None,
+    )
+
+
+def _node_of(job_id: str) -> str:
+    return subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
+
+
+def _set_node(node: str, state: str) -> None:
+    """DRAIN or DOWN (with a reason, as an administrator gives), or RESUME: refused by Slurm for a
+    node that came back by itself meanwhile (ReturnToService=2 here), which is fine."""
+    reason = [] if state == "RESUME" else ["Reason=hpo-test"]
+    subprocess.run(
+        ["scontrol", "update", f"NodeName={node}", f"State={state}", *reason],
+        check=state != "RESUME", capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_a_node_drained_and_a_node_set_down_mid_trial_lose_no_trial(
+    tmp_path: Path, fresh_database: str
+) -> None:
+    """An administrator drains one node (its job runs to its end, nothing new starts there) and
+    sets the other DOWN (its job is killed, and Slurm requeues it: trial jobs are requeueable)
+    while each runs a trial; the down node comes back 30 s later, as after a repair."""
+    steps = 8
+    document, study_file = _study(tmp_path, "drain-down", n_trials=4, steps=steps, step_s=1.5)
+    document["resources"]["cpus_per_task"] = 2  # a whole node each: one trial on n1, one on n2
+    write_study(study_file, document)
+    launcher = launch_in_background(study_file, fresh_database)
+    trials = wait_for_trials(
+        document,
+        fresh_database,
+        launcher,
+        lambda trials: sum(1 for t in trials if t.state.name == "RUNNING" and t.intermediate_values) == 2,
+        timeout=180,
+    )
+    jobs = {
+        _node_of(t.user_attrs["job_id"]): t.user_attrs["job_id"] for t in trials if t.state.name == "RUNNING"
+    }
+    assert sorted(jobs) == ["n1", "n2"], jobs  # one trial on each node
+    hit = time.monotonic()
+    try:
+        _set_node("n1", "DRAIN")
+        _set_node("n2", "DOWN")
+        time.sleep(30)  # the drained node's trial ends; nothing may start on either node
+        assert _node_of(jobs["n1"]) in ("", "n1")
+        _set_node("n2", "RESUME")
+        output = launcher.communicate(timeout=600)[0]
+    finally:
+        for node in ("n1", "n2"):
+            subprocess.run(
+                ["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True, timeout=60
+            )
+    recovery_s = time.monotonic() - hit
+
+    assert launcher.returncode == 0, output
+    check_budget_met_once(document, fresh_database, 4)  # a requeue keeps its job; a retry is its own trial
+    finished = load_trials(document, fresh_database)
+    retried = {t.user_attrs["retry_of"] for t in finished if "retry_of" in t.user_attrs}
+    for trial in finished:
+        if trial.number not in retried:
+            assert trial.state.name == "COMPLETE"
+            assert stored_steps(fresh_database, trial._trial_id) == list(range(1, steps + 1))
+    down_trial = next(t for t in finished if t.user_attrs.get("job_id") == jobs["n2"])
+    what = (
+        "failed and was retried"
+        if retried
+        else f"was requeued by Slurm ({down_trial.user_attrs.get('restarts', 0)} restart)"
+    )
+    fault_line(
+        "node n1 drained and node n2 set DOWN while each ran a trial (n2 resumed 30 s later)",
+        f"n1's trial ran to its end; n2's {what}, and completed; 4 of 4 COMPLETE",
+        0,
+        recovery_s,
     )

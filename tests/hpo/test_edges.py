@@ -11,7 +11,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tests.hpo.conftest import HPO, REPO, load_trials, run_hpo, score_study, start_hpo, write_study
+from tests.hpo.conftest import (
+    HPO,
+    REPO,
+    load_trials,
+    run_hpo,
+    score_study,
+    sleeping_objective,
+    start_hpo,
+    write_study,
+)
 from tests.hpo.test_objective import _processes_with
 
 # Reports "step N score X*N" for 4 steps, 0.5 s apart; the first run of each x fails after its
@@ -154,23 +163,12 @@ def test_a_metric_line_cut_by_the_read_boundary_is_read_whole(tmp_path: Path) ->
     assert trial.value == 0.323456 and trial.intermediate_values == {1: 0.323456}
 
 
-WORKER_FUNCTION = """
-import time
-
-def objective(params, trial):
-    for step in range(1, 5):
-        time.sleep(1.5)
-        trial.report(step, params["x"] * step)
-    return params["x"] * 4
-"""
-
-
 def test_a_relaunch_adopts_the_local_workers_a_killed_launcher_left(tmp_path: Path) -> None:
-    (tmp_path / "worker_objective.py").write_text(WORKER_FUNCTION)
+    (tmp_path / "my_objective.py").write_text(sleeping_objective(4, 1.5))
     document = score_study(
         tmp_path,
         "adopt",
-        {"steps": 4, "function": "worker_objective:objective"},
+        {"steps": 4, "function": "my_objective:objective"},
         n_trials=6,
         max_concurrent=2,
     )

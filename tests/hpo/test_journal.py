@@ -148,3 +148,32 @@ def test_a_full_disk_stops_the_launcher_in_one_line_and_the_relaunch_finishes_th
     status = run_hpo("status", str(study_file))
     assert status.returncode == 0 and "12 COMPLETE" in status.stdout, status.stdout + status.stderr
     assert shutil.disk_usage(small_filesystem).used < 1 << 20
+
+
+def test_records_run_together_on_one_line_are_all_kept(tmp_path: Path) -> None:
+    """The damage Optuna #5138 shows on a cluster's NFS: two records on one line, with a stray
+    brace between them (``...}{{"op_code":...``). Both are whole, and both are kept."""
+    from hpo.journal import repair
+
+    journal = tmp_path / "study.journal"
+    _, study_file = _study(tmp_path, journal, n_trials=2)
+    assert run_hpo("launch", str(study_file), timeout=300).returncode == 0
+    before = [(t.number, t.state.name, t.params) for t in _trials(journal)]
+    lines = journal.read_bytes().splitlines(keepends=True)
+    lines[3:5] = [lines[3].rstrip(b"\n") + b"{" + lines[4]]
+    journal.write_bytes(b"".join(lines))
+    with pytest.raises(ValueError):
+        _trials(journal)
+
+    assert repair(str(journal)) == 1
+
+    assert [(t.number, t.state.name, t.params) for t in _trials(journal)] == before
+
+
+def test_a_journal_on_a_shared_filesystem_is_named_with_its_type(small_filesystem: Path) -> None:
+    from hpo.journal import SHARED_FILESYSTEMS, filesystem_type, shared_filesystem_warning
+
+    assert filesystem_type(small_filesystem / "study.journal") == "tmpfs"  # the real mount's type
+    assert shared_filesystem_warning(small_filesystem / "study.journal") is None
+    assert filesystem_type(Path("/proc/self")) == "proc"
+    assert {"nfs", "nfs4", "gpfs", "lustre"} <= set(SHARED_FILESYSTEMS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -21,8 +22,11 @@ from tests.hpo.conftest import (
     HPO,
     REPO,
     fault_line,
+    launch_in_background,
     load_trials,
     run_hpo,
+    score_study,
+    sleeping_objective,
     study_document,
     wait_for_trials,
     write_study,
@@ -252,6 +256,67 @@ def test_a_trial_asked_but_never_submitted_is_closed_and_not_counted(
     fault_line(
         "a submission refused by sbatch; a launcher stopped between ask and submit",
         "each trial asked for it closed FAIL with its reason, not counted; the relaunch ran the budget of 1 exactly",
+        0,
+        None,
+    )
+
+
+def test_a_launcher_frozen_past_its_lease_stops_before_it_submits_again(
+    tmp_path: Path, fresh_database: str
+) -> None:
+    """A launcher frozen (SIGSTOP: a suspended VM, a node stalled on I/O) on a host that the
+    server can no longer reach: the server ends its lock session (here pg_terminate_backend does
+    what its unanswered TCP keepalives do after ~30 s), a second launcher takes the study and
+    re-attaches its trials; the first, thawed, must submit nothing more."""
+    from tests.hpo.test_faults import check_budget_met_once, stored_steps
+
+    (tmp_path / "my_objective.py").write_text(sleeping_objective(6, 1.5))
+    document = score_study(
+        tmp_path, f"fenced-{uuid.uuid4().hex[:6]}", {"steps": 6, "function": "my_objective:objective"},
+        n_trials=6, max_concurrent=2,
+    )  # fmt: skip
+    document["resources"] = {"executor": "slurm", "time": "10m"}
+    study_file = write_study(tmp_path / "study.yaml", document)
+    first = launch_in_background(study_file, fresh_database)
+    wait_for_trials(
+        document, fresh_database, first, lambda trials: sum(1 for t in trials if t.intermediate_values) >= 2
+    )
+    first.send_signal(signal.SIGSTOP)
+    try:
+        ended = subprocess.run(
+            ["psql", "-X", "-w", "-A", "-t", fresh_database, "-c",
+             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+             f"WHERE application_name LIKE 'pid {first.pid} on %'"],
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+        assert ended.stdout.strip() == "1", ended.stdout  # its lock session, and only that
+        second = launch_in_background(study_file, fresh_database)
+        wait_for_trials(  # the second holds the study and has submitted a trial of its own
+            document,
+            fresh_database,
+            second,
+            lambda trials: len(trials) >= 3 and "job_id" in trials[2].user_attrs,
+        )
+    finally:
+        first.send_signal(signal.SIGCONT)
+    first_output = first.communicate(timeout=300)[0]
+    second_output = second.communicate(timeout=600)[0]
+
+    assert first.returncode == 1, first_output
+    assert "was taken over by" in first_output and "stops before it submits again" in first_output
+    assert second.returncode == 0, second_output
+    assert "re-attached" in second_output, second_output
+    submitted_by_first = first_output.count(" submitted as slurm job ")
+    assert submitted_by_first == 2, first_output  # before the freeze, none after
+    check_budget_met_once(document, fresh_database, 6)  # one Slurm job per trial
+    for trial in load_trials(document, fresh_database):
+        assert trial.state.name == "COMPLETE" and stored_steps(fresh_database, trial._trial_id) == list(
+            range(1, 7)
+        )
+    fault_line(
+        "a launcher frozen (SIGSTOP) past its lease: the server ended its lock session, a second launcher took the study",
+        "the second re-attached its 2 trials and finished the study; the first, thawed, stopped before "
+        "submitting again; 6 of 6 COMPLETE, one job each",
         0,
         None,
     )

@@ -27,6 +27,8 @@ from tests.hpo.conftest import (
     launch_in_background,
     load_trials,
     run_hpo,
+    score_study,
+    sleeping_objective,
     study_document,
     wait_for_trials,
     write_study,
@@ -327,3 +329,54 @@ def test_only_an_unreachable_database_is_waited_for(local_cluster: str) -> None:
     ):
         with_retries(fail_with(down), "connect", waits.append, tolerance_s=1.0)
     assert len(calls) >= 3 and waits and "storage unreachable during connect" in waits[0]
+
+
+@pytest.mark.isolated  # its own PostgreSQL server and the isolated partition's node
+def test_a_database_out_of_connections_for_a_minute_is_waited_out(
+    tmp_path: Path, server: PrivateServer
+) -> None:
+    """Another client takes every connection the server allows (max_connections 100) for a minute:
+    trial processes starting meanwhile, and the launcher, wait ("too many clients") and go on."""
+    import psycopg
+
+    (tmp_path / "my_objective.py").write_text(sleeping_objective(6, 1.5))
+    document = score_study(
+        tmp_path, f"crowded-{uuid.uuid4().hex[:6]}", {"steps": 6, "function": "my_objective:objective"},
+        n_trials=6, max_concurrent=2,
+    )  # fmt: skip
+    document["resources"] = {"executor": "slurm", "partition": "isolated", "time": "10m"}
+    study_file = write_study(tmp_path / "study.yaml", document)
+    launcher = launch_in_background(study_file, server.url)
+    wait_for_trials(
+        document, server.url, launcher, lambda trials: sum(1 for t in trials if t.intermediate_values) >= 1
+    )
+    hog: list[Any] = []
+    try:
+        while True:  # every connection left, then one more is refused
+            try:
+                hog.append(psycopg.connect(server.url))
+            except psycopg.OperationalError as err:
+                assert "too many clients" in str(err) or "reserved" in str(err), err
+                break
+            assert len(hog) < 200
+        full = time.monotonic()
+        time.sleep(60)
+    finally:
+        for connection in hog:
+            connection.close()
+    freed = time.monotonic()
+    output = launcher.communicate(timeout=600)[0]
+
+    assert launcher.returncode == 0, output
+    trials = load_trials(document, server.url)
+    assert len(trials) == 6 and all(t.state.name == "COMPLETE" for t in trials), [
+        (t.number, t.state.name, t.user_attrs.get("fail_reason")) for t in trials
+    ]
+    job_ids = [t.user_attrs["job_id"] for t in trials]
+    assert len(set(job_ids)) == 6 and set(final_sacct_states(job_ids).values()) == {"COMPLETED"}
+    fault_line(
+        f"PostgreSQL out of connections for {freed - full:.0f} s (another client held all {len(hog)} left)",
+        "trial processes and the launcher waited and went on; 6 of 6 COMPLETE, one job each",
+        0,
+        time.monotonic() - freed,
+    )
