@@ -261,6 +261,7 @@ class SlurmStates:
         self._queue: set[str] | None = None
         self._queue_read_at = float("-inf")
         self._vouched: set[str] = set()
+        self._unknown_since: dict[str, float] = {}
         _quiet_repeated_sacct_warnings()
 
     def ended(self, job: Any) -> bool:
@@ -273,14 +274,22 @@ class SlurmStates:
             self._last_refresh = now
         state = self.state(job)
         job_id = str(job.job_id)
-        if state == "UNKNOWN" and self._listed_by_squeue(job_id) is not False:
+        if state != "UNKNOWN":
+            self._unknown_since.pop(job_id, None)
+        elif self._listed_by_squeue(job_id) is not False:
             # sacct cannot tell (slurmdbd away, or the job too new for it), and slurmctld lists the
             # job, or is away too: nobody says it ended, so it has not.
             self._seen_since.pop((job_id, state), None)
-            if self.log is not None and job_id not in self._vouched:
+            unknown_s = now - self._unknown_since.setdefault(job_id, now)
+            # A job sacct has not learnt of yet is common for seconds: said only once it lasts.
+            if (
+                self.log is not None
+                and job_id not in self._vouched
+                and unknown_s > min(60.0, self.unknown_grace_s)
+            ):
                 self._vouched.add(job_id)
-                self.log(f"sacct does not know job {job_id} (slurmdbd away?); squeue lists it, or cannot "
-                         "tell either: taken as running")  # fmt: skip
+                self.log(f"sacct has not known job {job_id} for {unknown_s:.0f} s (slurmdbd away?); squeue "
+                         "lists it, or cannot tell either: taken as running")  # fmt: skip
             return False
         # UNKNOWN: in neither sacct nor squeue; NODE_FAIL, PREEMPTED: maybe about to be
         # requeued. Either is an end only once it has lasted its grace period.

@@ -10,6 +10,7 @@ trial's curve stored once, the launcher's exit 0.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 import uuid
@@ -25,6 +26,7 @@ from tests.hpo.conftest import (
     final_sacct_states,
     launch_in_background,
     load_trials,
+    run_hpo,
     score_study,
     sleeping_objective,
     wait_for_trials,
@@ -45,6 +47,7 @@ def _study(
         {"steps": steps, "function": "my_objective:objective"},
         n_trials=n_trials,
         max_concurrent=2,
+        budget=1.0,  # CPU-hours: never reached here, counted all the same
     )
     document["resources"] = {"executor": "slurm", "time": "10m"}
     return document, write_study(tmp_path / "study.yaml", document)
@@ -70,14 +73,26 @@ def _daemon_stopped(name: str, answers: list[str]) -> Iterator[None]:
             time.sleep(1)
 
 
+def _check_budget_counted_from_sacct(document: dict[str, Any], study_file: Path, storage: str) -> None:
+    """What the study says it spent is what sacct says its jobs used, within one trial's cost."""
+    from tests.hpo.test_budget import sacct_cpu_hours
+
+    status = run_hpo("status", str(study_file), "--storage", storage)
+    found = re.search(r"^budget: ([0-9.e-]+) of [0-9.]+ CPU-hours spent", status.stdout, re.M)
+    assert status.returncode == 0 and found, status.stdout + status.stderr
+    jobs = sacct_cpu_hours(document["study"]["name"])
+    assert abs(float(found.group(1)) - sum(jobs.values())) <= max(jobs.values()), (found.group(0), jobs)
+
+
 def _check_nothing_lost_or_doubled(document: dict[str, Any], storage: str, n_trials: int, steps: int) -> None:
-    check_budget_met_once(document, storage, n_trials)  # one sacct job per trial, the budget exactly
     trials = load_trials(document, storage)
     assert all(t.state.name == "COMPLETE" for t in trials), [(t.number, t.user_attrs) for t in trials]
     for trial in trials:
         assert stored_steps(storage, trial._trial_id) == list(range(1, steps + 1))
-    states = final_sacct_states([t.user_attrs["job_id"] for t in trials])
+    # A slurmdbd back from an outage learns of the jobs from slurmctld a while later.
+    states = final_sacct_states([t.user_attrs["job_id"] for t in trials], timeout=180)
     assert set(states.values()) == {"COMPLETED"}, states
+    check_budget_met_once(document, storage, n_trials)  # one sacct job per trial, the budget exactly
 
 
 def test_slurmctld_away_for_a_minute_keeps_the_launcher_and_loses_no_trial(
@@ -104,6 +119,7 @@ def test_slurmctld_away_for_a_minute_keeps_the_launcher_and_loses_no_trial(
     assert "Slurm controller unreachable" in output and "sbatch again in" in output, output
     assert "never submitted" not in output, output
     _check_nothing_lost_or_doubled(document, fresh_database, 6, steps)
+    _check_budget_counted_from_sacct(document, study_file, fresh_database)
     fault_line(
         f"slurmctld stopped for {back - away:.0f} s mid-study (every sbatch and squeue fails)",
         "the launcher waits with backoff, submits again once it answers; 6 of 6 COMPLETE, one job each",
@@ -117,24 +133,25 @@ def test_slurmdbd_away_longer_than_the_launchers_patience_fails_no_running_trial
 ) -> None:
     """sacct cannot answer, so it knows none of the jobs submitted meanwhile (UNKNOWN). The
     launcher used to take such a job as ended after 300 s and fail its running trial; squeue
-    (slurmctld) still lists it. The 300 s are 15 s here (HPO_UNKNOWN_GRACE_S), and the trials run
-    30 s each, all of them with slurmdbd away: the same path, 20 times quicker."""
+    (slurmctld) still lists it. The 300 s are 6 s here (HPO_UNKNOWN_GRACE_S), and the trials run
+    15 s each, all of them with slurmdbd away: the same path, 50 times quicker."""
     steps = 6
-    document, study_file = _study(tmp_path, "dbd-away", n_trials=4, steps=steps, step_s=5)
+    document, study_file = _study(tmp_path, "dbd-away", n_trials=4, steps=steps, step_s=2.5)
     with _daemon_stopped("slurmdbd", ["sacctmgr", "-n", "show", "cluster"]):
         away = time.monotonic()
-        launcher = launch_in_background(study_file, fresh_database, HPO_UNKNOWN_GRACE_S="15")
+        launcher = launch_in_background(study_file, fresh_database, HPO_UNKNOWN_GRACE_S="6")
         output = launcher.communicate(timeout=600)[0]
         away_s = time.monotonic() - away
 
     assert launcher.returncode == 0, output
-    assert "sacct does not know job" in output and "taken as running" in output, output
+    assert "sacct has not known job" in output and "taken as running" in output, output
     assert "without telling a result" not in output, output
     assert output.count("Bypassing sacct error") <= 2, output  # submitit's warning, once per 10 min
     _check_nothing_lost_or_doubled(document, fresh_database, 4, steps)
+    _check_budget_counted_from_sacct(document, study_file, fresh_database)
     fault_line(
         f"slurmdbd stopped for {away_s:.0f} s, the whole study (sacct knows none of its jobs; "
-        "the launcher's 300 s patience shortened to 15 s)",
+        "the launcher's 300 s patience shortened to 6 s)",
         "squeue vouches for the running jobs; 4 of 4 COMPLETE, none failed, one job each",
         0,
         None,
@@ -162,10 +179,11 @@ def test_a_node_drained_and_a_node_set_down_mid_trial_lose_no_trial(
 ) -> None:
     """An administrator drains one node (its job runs to its end, nothing new starts there) and
     sets the other DOWN (its job is killed, and Slurm requeues it: trial jobs are requeueable)
-    while each runs a trial; the down node comes back 30 s later, as after a repair."""
+    while each runs a trial; the down node comes back 15 s later, as after a repair."""
     steps = 8
     document, study_file = _study(tmp_path, "drain-down", n_trials=4, steps=steps, step_s=1.5)
     document["resources"]["cpus_per_task"] = 2  # a whole node each: one trial on n1, one on n2
+    del document["study"]["budget"]  # two whole nodes charged their time limit would reach it
     write_study(study_file, document)
     launcher = launch_in_background(study_file, fresh_database)
     trials = wait_for_trials(
@@ -183,7 +201,7 @@ def test_a_node_drained_and_a_node_set_down_mid_trial_lose_no_trial(
     try:
         _set_node("n1", "DRAIN")
         _set_node("n2", "DOWN")
-        time.sleep(30)  # the drained node's trial ends; nothing may start on either node
+        time.sleep(15)  # the drained node's trial runs on; nothing may start on either node
         assert _node_of(jobs["n1"]) in ("", "n1")
         _set_node("n2", "RESUME")
         output = launcher.communicate(timeout=600)[0]
@@ -209,7 +227,7 @@ def test_a_node_drained_and_a_node_set_down_mid_trial_lose_no_trial(
         else f"was requeued by Slurm ({down_trial.user_attrs.get('restarts', 0)} restart)"
     )
     fault_line(
-        "node n1 drained and node n2 set DOWN while each ran a trial (n2 resumed 30 s later)",
+        "node n1 drained and node n2 set DOWN while each ran a trial (n2 resumed 15 s later)",
         f"n1's trial ran to its end; n2's {what}, and completed; 4 of 4 COMPLETE",
         0,
         recovery_s,
