@@ -13,6 +13,7 @@ import functools
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,9 +98,13 @@ def execute(request: Request) -> int:
         return run(request)
     except BrokenPipeError:
         # `hpo status ... | head`: the reader has what it wanted. Python would complain again when
-        # it flushes stdout at exit, so stdout goes to /dev/null first.
+        # it flushes stdout at exit, so stdout goes to /dev/null first. A launcher whose output
+        # went away (`| tee` killed) was stopped mid-study: an interruption, not a success.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        if request.command != "launch":
+            return 0
+        print(f"hpo {request.command}: its output was closed (broken pipe): stopped", file=sys.stderr)
+        return exit_status(KeyboardInterrupt())
     except KeyboardInterrupt:
         print(f"hpo {request.command}: interrupted", file=sys.stderr)
         return exit_status(KeyboardInterrupt())
@@ -180,8 +185,9 @@ def launch(request: Request, spec: StudySpec, storage: StorageRef) -> int:
         from hpo.dispatch import common
         from hpo.dispatch.ray import launch as ray_launch
 
+        started = time.time()
         study = ray_launch.launch(spec, storage, executor, allow_space_change=request.allow_space_change)
-        summary = common.summarize(study, spec)
+        summary = common.summarize(study, spec, since=started)
     else:
         from hpo.dispatch import launch as launcher
 

@@ -93,7 +93,11 @@ class _held:
             raise _write_error(self.path, err) from None
 
     def __exit__(self, *exc: object) -> None:
-        self.lock.release()
+        try:
+            self.lock.release()
+        except RuntimeError:  # Optuna broke the lock after its 30 s grace: this write was slower
+            print(f"hpo: journal {self.path}: its lock was taken over after a stall of 30 s or more",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _write_error(path: str, err: OSError) -> JournalWriteError:
@@ -154,7 +158,9 @@ def repair(path: str) -> int:
     Returns the number of lines mended; a journal without damage is left untouched."""
     lock = JournalFileSymlinkLock(path)
     with _held(lock, path):
-        lines = Path(path).read_bytes().splitlines(keepends=True)
+        # Lines end at "\n" only, as Optuna reads them (a record may hold a raw "\r").
+        pieces = Path(path).read_bytes().split(b"\n")
+        lines = [piece + b"\n" for piece in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
         mended = 0
         for number, line in enumerate(lines):
             if not line.endswith(b"\n") or _parses(line):

@@ -202,9 +202,8 @@ def open_storage(
         try:
             return optuna.storages.JournalStorage(SafeJournalBackend(str(path)))
         except ValueError:  # an invalid line (JSONDecodeError is one): an older writer's damage
-            if not repair(str(path)):
-                raise
-            log(f"journal {path}: damaged lines mended (their cut-off parts in {path}.partial)")
+            if repair(str(path)):  # none left: another process mended it a moment ago
+                log(f"journal {path}: damaged lines mended (each set aside whole in {path}.partial)")
             return optuna.storages.JournalStorage(SafeJournalBackend(str(path)))
     return OutageTolerantStorage(_open_rdb(ref, create=create), log, tolerance_s)
 

@@ -100,11 +100,14 @@ def open_study(
 
 
 class Deferral:
-    """SIGINT and SIGTERM held (see :func:`signals_deferred`), with a pause that lets them through."""
+    """SIGINT, SIGTERM and SIGHUP held (see :func:`signals_deferred`), with a pause that lets them through."""
 
     def __init__(self) -> None:
         self.held: list[int] = []
-        self.previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        signals = [signal.SIGINT, signal.SIGTERM]
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup: a hang-up is no stop
+            signals.append(signal.SIGHUP)
+        self.previous = {sig: signal.getsignal(sig) for sig in signals}
 
     def hold(self) -> None:
         for sig in self.previous:
@@ -117,10 +120,10 @@ class Deferral:
     def sleep(self, seconds: float) -> None:
         """Wait with the signals let through (between two sbatch tries nothing is half-done): a
         stop now raises here, and the caller closes the trial it holds."""
-        if self.held:
-            raise KeyboardInterrupt
         self.release()
         try:
+            if self.held:  # held before the release: raised now, with the handlers restored
+                raise KeyboardInterrupt
             time.sleep(seconds)
         finally:
             self.hold()
@@ -128,7 +131,7 @@ class Deferral:
 
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[Deferral]:
-    """Hold SIGINT and SIGTERM while a job is submitted and its id stored: a launcher stopped in
+    """Hold SIGINT, SIGTERM and SIGHUP while a job is submitted and its id stored: a launcher stopped in
     between would leave a job that no stored trial points to. (A signal mask would not do: the
     kernel may hand the signal to another thread, and Python still raises in the main one.)"""
     deferral = Deferral()
@@ -217,11 +220,12 @@ class Dispatcher:
             self.stopped = True
         return self.stopped
 
-    def _take_over_running_trials(self, per_trial: bool) -> set[str]:
+    def _take_over_running_trials(self, per_trial: bool) -> dict[str, str]:
         """Deal with the trials a previous launcher left RUNNING: re-attach per-trial jobs that
-        still run (``per_trial``), fail those whose job is gone. Returns the job ids of live workers."""
+        still run (``per_trial``), fail those whose job is gone. Returns the live workers' job ids
+        with their kind (``slurm`` or ``local``, as they were submitted)."""
 
-        live_workers: set[str] = set()
+        live_workers: dict[str, str] = {}
         failed = False
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             executor = trial.user_attrs.get(record.ATTR_EXECUTOR)
@@ -246,7 +250,7 @@ class Dispatcher:
                 self._fail(trial.number, self._end_reason(entry))
                 failed = True
             elif executor == "worker":
-                live_workers.add(job_id)
+                live_workers[job_id] = kind
             elif per_trial:
                 self.in_flight.append(entry)
                 self.log(f"trial {trial.number} re-attached to {kind} job {job_id}")
@@ -335,11 +339,13 @@ def worker_entry(job: Any, executor: str) -> InFlight:
     return InFlight(-1, -1, str(job.job_id), executor, 1, job)
 
 
-def summarize(study: optuna.Study, spec: StudySpec, log: Log = print) -> LaunchSummary:
+def summarize(study: optuna.Study, spec: StudySpec, log: Log = print, since: float = 0.0) -> LaunchSummary:
+    """The launch's closing lines; ``since`` (the launch's start) tells a cancel of this launch from
+    an older one."""
     counts: dict[str, int] = {}
     for trial in record.own_trials(study):
         counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
-    cancelled = bool(record.cancel_requested_at(study))
+    cancelled = record.cancel_requested_at(study) >= since > 0
     summary = LaunchSummary(
         counts=counts, best_number=None, best_value=None, best_params={}, cancelled=cancelled
     )

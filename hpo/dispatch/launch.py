@@ -70,4 +70,4 @@ def _launch_held(
     finally:
         if progress:
             progress.close()
-    return summarize(study, spec, log)
+    return summarize(study, spec, log, since=dispatcher.started)

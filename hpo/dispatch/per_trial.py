@@ -16,6 +16,11 @@ from hpo.slurm import executors
 from hpo.trial import retries
 from hpo.trial.task import TrialTask, objective_for
 
+
+class CancelledMeanwhile(Exception):
+    """`hpo cancel` came while the launcher waited for Slurm's controller to submit a trial."""
+
+
 JOB_EXIT_WAIT_S = 120.0
 """How long a finished trial's Slurm job may stay in the queue (completing) before its place in
 max_concurrent is given to the next trial regardless."""
@@ -89,8 +94,11 @@ class PerTrialDispatcher(Dispatcher):
         try:
             # A controller restart is waited out here, the trial held (closed if the launcher stops).
             job = executors.submit_when_controller_answers(
-                lambda: executor.submit(task), self.log, deferral.sleep
+                lambda: executor.submit(task), self.log, deferral.sleep, still_wanted=self._still_wanted
             )
+        except CancelledMeanwhile:
+            record.close_not_run(self.study, trial, f"never submitted: {record.REASON_CANCELLED}")
+            return
         except Exception as err:
             raise LaunchError(f"submission failed: {one_line(err, last=True, name=False)}") from None
         # A trial that fails within a second may have told already: its attributes are frozen.
@@ -112,6 +120,13 @@ class PerTrialDispatcher(Dispatcher):
             f"trial {trial.number} submitted as {self.options.executor} job {job.job_id}: {record.format_params(trial.params)}"
             + (f" (retry of trial {retry_of})" if retry_of is not None else "")
         )
+
+    def _still_wanted(self) -> None:
+        """Between two sbatch tries: still this study's launcher, and no cancel since."""
+        if self.claim is not None:
+            self.claim.confirm()  # raises if another launcher took the study meanwhile
+        if self._cancelled():
+            raise CancelledMeanwhile
 
     def _collect_finished(self) -> None:
 

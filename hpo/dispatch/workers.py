@@ -25,7 +25,7 @@ class WorkerDispatcher(Dispatcher):
         live = self._take_over_running_trials(per_trial=False)
         # An earlier launch's workers that still run are watched as this launch's own (its
         # launcher was killed): they go on pulling trials, and count toward ``count``.
-        adopted = [self._adopt(job_id) for job_id in sorted(live)]
+        adopted = [self._adopt(job_id, kind) for job_id, kind in sorted(live.items())]
         if adopted:
             self.log(f"{len(adopted)} workers of an earlier launch still run: {', '.join(sorted(live))}")
         seen = {t.number for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()}
@@ -49,8 +49,8 @@ class WorkerDispatcher(Dispatcher):
                     f"{len(watched)} workers ended without finishing a trial; see their logs in {executors.jobs_folder(self.spec)}"
                 )
 
-    def _adopt(self, job_id: str) -> InFlight:
-        if self.options.executor == "slurm":
+    def _adopt(self, job_id: str, kind: str) -> InFlight:
+        if kind == "slurm":
             return InFlight(-1, -1, job_id, "slurm", 1, executors.slurm_job(self.spec, job_id))
         return InFlight(-1, -1, job_id, "local", 1)  # watched by its pid
 

@@ -185,11 +185,13 @@ def submit_when_controller_answers(
     log: Callable[[str], None],
     pause: Callable[[float], None] = time.sleep,
     tolerance_s: float = SLURM_OUTAGE_TOLERANCE_S,
+    still_wanted: Callable[[], None] = lambda: None,
 ) -> T:
     """``submit()``, tried again with backoff (5 s doubling to 60 s) for up to ``tolerance_s``
-    while the controller is away. Trying again cannot run a trial twice: a job whose sbatch answer
-    was lost finds no pickle under its id (submitit moves it there only once sbatch answered) and
-    ends within a minute without running anything."""
+    while the controller is away; ``still_wanted()`` before each new try raises if the submission
+    is no longer wanted (a cancel, a launcher that lost the study meanwhile). Trying again cannot
+    run a trial twice: a job whose sbatch answer was lost finds no pickle under its id (submitit
+    moves it there only once sbatch answered) and ends within a minute without running anything."""
     delay = 5.0
     away_since = time.monotonic()
     while True:
@@ -203,6 +205,7 @@ def submit_when_controller_answers(
                 f"{delay:.0f} s (away {away_s:.0f} s; the launcher waits up to {tolerance_s / 60:.0f} min)")  # fmt: skip
             pause(delay)
             delay = min(2 * delay, 60.0)
+            still_wanted()
 
 
 def user_queue() -> set[str] | None:
@@ -304,7 +307,9 @@ class SlurmStates:
     def _listed_by_squeue(self, job_id: str) -> bool | None:
         now = time.monotonic()
         if now - self._queue_read_at >= self.refresh_s:
-            self._queue, self._queue_read_at = user_queue(), now
+            # Stamped after the call: a squeue that takes its 60 s timeout is not asked again at once.
+            self._queue = user_queue()
+            self._queue_read_at = time.monotonic()
         return None if self._queue is None else job_id in self._queue
 
     @staticmethod

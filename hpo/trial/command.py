@@ -402,10 +402,10 @@ def _end_descendants(spare: set[int], rounds: int = 5) -> None:
         for pid in below:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        for pid in own & below:
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, 0)
         time.sleep(0.05)
+        for pid in own & below:  # not waited for: one stuck in the kernel (D state) must not hang this
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:
