@@ -130,7 +130,10 @@ def test_relaunch_after_the_ray_job_is_cancelled_resumes_without_counting_a_tria
 ) -> None:
     name = f"ray-resume-{uuid.uuid4().hex[:6]}"
     document = _slurm_ray_document(name, tmp_path / "work")
-    document["trainer"]["max_steps_per_epoch"] = 40  # long enough to be caught mid-trial
+    # Long enough to be caught mid-trial, and no pruning: trials that end at their first epoch
+    # let Tune ask all 6 before `hpo cancel` (a few seconds to start) lands on a busy machine.
+    document["trainer"]["max_steps_per_epoch"] = 60
+    document["study"]["pruner"] = {"name": "none"}
     study_file = write_study(tmp_path / "study.yaml", document)
     launcher = launch_in_background(study_file, fresh_database)
     # Cancel once a trial has finished and others are running.
