@@ -10,7 +10,6 @@ trial's curve stored once, the launcher's exit 0.
 
 from __future__ import annotations
 
-import re
 import subprocess
 import time
 import uuid
@@ -26,13 +25,12 @@ from tests.hpo.conftest import (
     final_sacct_states,
     launch_in_background,
     load_trials,
-    run_hpo,
     score_study,
     sleeping_objective,
     wait_for_trials,
     write_study,
 )
-from tests.hpo.test_faults import check_budget_met_once, stored_steps
+from tests.hpo.test_faults import check_budget_counted_from_sacct, check_budget_met_once, stored_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.injects_fault]
 
@@ -73,17 +71,6 @@ def _daemon_stopped(name: str, answers: list[str]) -> Iterator[None]:
             time.sleep(1)
 
 
-def _check_budget_counted_from_sacct(document: dict[str, Any], study_file: Path, storage: str) -> None:
-    """What the study says it spent is what sacct says its jobs used, within one trial's cost."""
-    from tests.hpo.test_budget import sacct_cpu_hours
-
-    status = run_hpo("status", str(study_file), "--storage", storage)
-    found = re.search(r"^budget: ([0-9.e-]+) of [0-9.]+ CPU-hours spent", status.stdout, re.M)
-    assert status.returncode == 0 and found, status.stdout + status.stderr
-    jobs = sacct_cpu_hours(document["study"]["name"])
-    assert abs(float(found.group(1)) - sum(jobs.values())) <= max(jobs.values()), (found.group(0), jobs)
-
-
 def _check_nothing_lost_or_doubled(document: dict[str, Any], storage: str, n_trials: int, steps: int) -> None:
     trials = load_trials(document, storage)
     assert all(t.state.name == "COMPLETE" for t in trials), [(t.number, t.user_attrs) for t in trials]
@@ -119,7 +106,7 @@ def test_slurmctld_away_for_a_minute_keeps_the_launcher_and_loses_no_trial(
     assert "Slurm controller unreachable" in output and "sbatch again in" in output, output
     assert "never submitted" not in output, output
     _check_nothing_lost_or_doubled(document, fresh_database, 6, steps)
-    _check_budget_counted_from_sacct(document, study_file, fresh_database)
+    check_budget_counted_from_sacct(document, study_file, fresh_database)
     fault_line(
         f"slurmctld stopped for {back - away:.0f} s mid-study (every sbatch and squeue fails)",
         "the launcher waits with backoff, submits again once it answers; 6 of 6 COMPLETE, one job each",
@@ -148,7 +135,7 @@ def test_slurmdbd_away_longer_than_the_launchers_patience_fails_no_running_trial
     assert "without telling a result" not in output, output
     assert output.count("Bypassing sacct error") <= 2, output  # submitit's warning, once per 10 min
     _check_nothing_lost_or_doubled(document, fresh_database, 4, steps)
-    _check_budget_counted_from_sacct(document, study_file, fresh_database)
+    check_budget_counted_from_sacct(document, study_file, fresh_database)
     fault_line(
         f"slurmdbd stopped for {away_s:.0f} s, the whole study (sacct knows none of its jobs; "
         "the launcher's 300 s patience shortened to 6 s)",
@@ -183,7 +170,7 @@ def test_a_node_drained_and_a_node_set_down_mid_trial_lose_no_trial(
     steps = 8
     document, study_file = _study(tmp_path, "drain-down", n_trials=4, steps=steps, step_s=1.5)
     document["resources"]["cpus_per_task"] = 2  # a whole node each: one trial on n1, one on n2
-    del document["study"]["budget"]  # two whole nodes charged their time limit would reach it
+    document["study"]["budget"] = 2.0  # two whole nodes, each trial charged its limit until one ends
     write_study(study_file, document)
     launcher = launch_in_background(study_file, fresh_database)
     trials = wait_for_trials(
@@ -220,6 +207,8 @@ def test_a_node_drained_and_a_node_set_down_mid_trial_lose_no_trial(
         if trial.number not in retried:
             assert trial.state.name == "COMPLETE"
             assert stored_steps(fresh_database, trial._trial_id) == list(range(1, steps + 1))
+    final_sacct_states([t.user_attrs["job_id"] for t in finished], timeout=180)
+    check_budget_counted_from_sacct(document, study_file, fresh_database)
     down_trial = next(t for t in finished if t.user_attrs.get("job_id") == jobs["n2"])
     what = (
         "failed and was retried"

@@ -82,6 +82,18 @@ def check_budget_met_once(document: dict[str, Any], storage: str, n_trials: int)
     assert sorted(sacct.stdout.split()) == sorted(job_ids)
 
 
+def check_budget_counted_from_sacct(document: dict[str, Any], study_file: Path, storage: str) -> None:
+    """What the study says it spent (`hpo status`, its study.budget line) is what sacct says its
+    jobs used, within one trial's cost."""
+    from tests.hpo.test_budget import sacct_cpu_hours
+
+    status = run_hpo("status", str(study_file), "--storage", storage)
+    found = re.search(r"^budget: ([0-9.e-]+) of [0-9.]+ CPU-hours spent", status.stdout, re.M)
+    assert status.returncode == 0 and found, status.stdout + status.stderr
+    jobs = sacct_cpu_hours(document["study"]["name"])
+    assert abs(float(found.group(1)) - sum(jobs.values())) <= max(jobs.values()), (found.group(0), jobs)
+
+
 def job_log(document: dict[str, Any], job_id: str) -> str:
     """Rank 0's stdout and stderr, every run of the job included."""
     folder = Path(document["study"]["workdir"]) / "jobs" / job_id

@@ -268,12 +268,12 @@ def test_a_launcher_frozen_past_its_lease_stops_before_it_submits_again(
     server can no longer reach: the server ends its lock session (here pg_terminate_backend does
     what its unanswered TCP keepalives do after ~30 s), a second launcher takes the study and
     re-attaches its trials; the first, thawed, must submit nothing more."""
-    from tests.hpo.test_faults import check_budget_met_once, stored_steps
+    from tests.hpo.test_faults import check_budget_counted_from_sacct, check_budget_met_once, stored_steps
 
     (tmp_path / "my_objective.py").write_text(sleeping_objective(6, 1.5))
     document = score_study(
         tmp_path, f"fenced-{uuid.uuid4().hex[:6]}", {"steps": 6, "function": "my_objective:objective"},
-        n_trials=6, max_concurrent=2,
+        n_trials=6, max_concurrent=2, budget=1.0,
     )  # fmt: skip
     document["resources"] = {"executor": "slurm", "time": "10m"}
     study_file = write_study(tmp_path / "study.yaml", document)
@@ -309,6 +309,7 @@ def test_a_launcher_frozen_past_its_lease_stops_before_it_submits_again(
     submitted_by_first = first_output.count(" submitted as slurm job ")
     assert submitted_by_first == 2, first_output  # before the freeze, none after
     check_budget_met_once(document, fresh_database, 6)  # one Slurm job per trial
+    check_budget_counted_from_sacct(document, study_file, fresh_database)  # both launchers' jobs
     for trial in load_trials(document, fresh_database):
         assert trial.state.name == "COMPLETE" and stored_steps(fresh_database, trial._trial_id) == list(
             range(1, 7)

@@ -33,6 +33,7 @@ from tests.hpo.conftest import (
     wait_for_trials,
     write_study,
 )
+from tests.hpo.test_faults import check_budget_counted_from_sacct
 
 pytestmark = pytest.mark.slow
 
@@ -342,7 +343,7 @@ def test_a_database_out_of_connections_for_a_minute_is_waited_out(
     (tmp_path / "my_objective.py").write_text(sleeping_objective(6, 1.5))
     document = score_study(
         tmp_path, f"crowded-{uuid.uuid4().hex[:6]}", {"steps": 6, "function": "my_objective:objective"},
-        n_trials=6, max_concurrent=2,
+        n_trials=6, max_concurrent=2, budget=1.0,
     )  # fmt: skip
     document["resources"] = {"executor": "slurm", "partition": "isolated", "time": "10m"}
     study_file = write_study(tmp_path / "study.yaml", document)
@@ -374,6 +375,7 @@ def test_a_database_out_of_connections_for_a_minute_is_waited_out(
     ]
     job_ids = [t.user_attrs["job_id"] for t in trials]
     assert len(set(job_ids)) == 6 and set(final_sacct_states(job_ids).values()) == {"COMPLETED"}
+    check_budget_counted_from_sacct(document, study_file, server.url)
     fault_line(
         f"PostgreSQL out of connections for {freed - full:.0f} s (another client held all {len(hog)} left)",
         "trial processes and the launcher waited and went on; 6 of 6 COMPLETE, one job each",
