@@ -385,10 +385,11 @@ def _node_state(node: str) -> str:
     ).stdout.strip()
 
 
-def power_off(node: str, job_id: str) -> None:
-    """What a node failure does to an emulated node: its slurmd and the job's processes on it die."""
-    pid = int(Path(f"/run/slurm/slurmd-{node}.pid").read_text())
-    subprocess.run(["kill", "-9", str(pid)], check=True)
+def kill_job_processes(job_id: str, stepd: bool = True) -> None:
+    """SIGKILL the processes of a Slurm job (the batch script, srun, the tasks; its slurmstepd
+    unless ``stepd`` is False), as the kernel's OOM killer or a crash would: nothing is told.
+    (`scancel --signal=KILL` does not do this: Slurm 22.05 takes it as a cancel, TERM first and
+    KILL after KillWait, and a trial ignores TERM and may finish meanwhile.)"""
     victims = []
     for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
@@ -396,9 +397,21 @@ def power_off(node: str, job_id: str) -> None:
             cmdline = (environ.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if f"SLURM_JOB_ID={job_id}".encode() in variables or f"slurmstepd: [{job_id}.".encode() in cmdline:
+        stepd_of_job = f"slurmstepd: [{job_id}.".encode() in cmdline
+        if stepd_of_job and not stepd:
+            continue
+        if stepd_of_job or (
+            f"SLURM_JOB_ID={job_id}".encode() in variables and not cmdline.startswith(b"slurmstepd")
+        ):
             victims.append(environ.parent.name)
     subprocess.run(["kill", "-9", *victims], check=False)
+
+
+def power_off(node: str, job_id: str) -> None:
+    """What a node failure does to an emulated node: its slurmd and the job's processes on it die."""
+    pid = int(Path(f"/run/slurm/slurmd-{node}.pid").read_text())
+    subprocess.run(["kill", "-9", str(pid)], check=True)
+    kill_job_processes(job_id)
 
 
 def power_on(node: str) -> None:

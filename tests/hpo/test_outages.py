@@ -33,7 +33,7 @@ from tests.hpo.conftest import (
     wait_for_trials,
     write_study,
 )
-from tests.hpo.test_faults import check_budget_counted_from_sacct
+from tests.hpo.test_faults import check_budget_counted_from_sacct, kill_job_processes
 
 pytestmark = pytest.mark.slow
 
@@ -220,17 +220,15 @@ def test_a_database_outage_at_any_moment_of_a_study_loses_and_doubles_nothing(
 
     # 4. While collecting a trial whose job ended without telling (its processes killed behind the
     # service's back, as the kernel's OOM killer or a crash would): the launcher is storing its fail
-    # reason when the server goes away. SIGKILL, not scancel's TERM: submitit ignores TERM, and a
-    # trial would finish its epochs within Slurm's KillWait.
+    # reason when the server goes away. SIGKILL to its processes, not scancel (which sends TERM,
+    # and KILL only after KillWait): submitit ignores TERM, and a trial would finish meanwhile.
     def later(trials: list[Any]) -> list[Any]:
         # Early in its run: one epoch of four reported, so that the kill lands well before its end
         # (a trial seen with two or three epochs has finished before the signal on a quiet machine).
         return [t for t in running(trials) if t.number >= 2 and len(t.intermediate_values) == 1]
 
     [victim, *_] = later(wait_for_trials(document, database, launcher, lambda trials: bool(later(trials))))
-    subprocess.run(
-        ["scancel", "--full", "--signal=KILL", victim.user_attrs["job_id"]], check=True, timeout=30
-    )
+    kill_job_processes(victim.user_attrs["job_id"], stepd=False)  # the job ends FAILED, its node up
     stalls.wait_until_held(launcher)
     down = time.monotonic()
     server.restart(OUTAGE_S)
