@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from hpo.config.command import TemplateError, placeholders, render
-from tests.hpo.conftest import load_trials, run_hpo, write_study
+from tests.hpo.conftest import load_trials, run_hpo, score_study, write_study
 
 # Reports "epoch N score X*N" each 0.3 s for 4 epochs; leaves a helper process running in its
 # process group (the kind of child a DataLoader or a launcher script starts); records its argv.
@@ -60,22 +60,15 @@ def _processes_with(marker: str) -> list[str]:
 
 
 def _own_study(tmp_path: Path, name: str, objective: dict[str, Any], **study: Any) -> dict[str, Any]:
-    return {
-        "study": {
-            "name": name,
-            "workdir": str(tmp_path / "work"),
-            "metric": "score",
-            "direction": "maximize",
-            "sampler": {"name": "random", "seed": 0},
-            # Deterministic: a trial whose first report is below 0.5 is pruned there.
-            "pruner": {"name": "threshold", "options": {"lower": 0.5}},
-            "max_retries": 0,
-            **study,
-        },
-        "search_space": {"x": {"type": "float", "low": 0.01, "high": 2.0}},
-        "objective": {"steps": 4, **objective},
-        "resources": {"executor": "local", "time": "5m"},
+    settings = {
+        # Deterministic: a trial whose first report is below 0.5 is pruned there.
+        "pruner": {"name": "threshold", "options": {"lower": 0.5}},
+        "max_retries": 0,
+        **study,
     }
+    document = score_study(tmp_path, name, {"steps": 4, **objective}, **settings)
+    document["search_space"]["x"]["low"] = 0.01
+    return document
 
 
 def test_placeholders_fill_argv_elements_and_refuse_anything_else() -> None:
