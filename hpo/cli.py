@@ -58,6 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="print the resolved study and the job script; submit nothing"
     )
     launch.add_argument(
+        "--check",
+        action="store_true",
+        help="run the objective once on this machine up to its first report (the value the study "
+        "would read), then stop it; submit nothing",
+    )
+    launch.add_argument(
+        "--check-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long --check waits for the first report (default 300)",
+    )
+    launch.add_argument(
         "--detach",
         action="store_true",
         help="run the launcher itself as a small CPU Slurm job (the study's launcher section), requeued "

@@ -52,6 +52,8 @@ class Request:
     workers: int | None = None
     enqueue_best_of: str | None = None
     dry_run: bool = False
+    check: bool = False
+    check_timeout: float = 300.0
     detach: bool = False
     allow_space_change: bool = False
     # tunnel, dashboard, report, logs
@@ -172,12 +174,21 @@ def launch(request: Request, spec: StudySpec, storage: StorageRef) -> int:
 
     executor = spec.resources.executor
     preflight.check_launch(
-        spec, executor=executor, workers=request.workers, detach=request.detach, dry_run=request.dry_run
+        spec,
+        executor=executor,
+        workers=request.workers,
+        detach=request.detach,
+        dry_run=request.dry_run or request.check,
     )
     for warning in spec.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if request.dry_run:
         _print_dry_run(spec, storage, executor)
+    if request.check:
+        from hpo.trial.check import run_check
+
+        run_check(spec, request.check_timeout)
+    if request.dry_run or request.check:
         return 0
     if request.detach:
         return _detach(request, spec, storage)
@@ -195,6 +206,8 @@ def launch(request: Request, spec: StudySpec, storage: StorageRef) -> int:
             executor=executor, workers=request.workers, allow_space_change=request.allow_space_change
         )
         summary = launcher.launch(spec, storage, options)
+    if summary.failing:
+        raise LaunchError(summary.failing)
     if summary.best_number is None and not summary.cancelled:
         raise LaunchError(f"no trial of study {spec.study.name!r} completed; see `hpo status {spec.source}`")
     return 0

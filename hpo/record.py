@@ -15,7 +15,9 @@ It records what it retries in the system attributes Optuna's own
 helpers read them, plus a ``retry_of`` user attribute that optuna-dashboard shows, and inherits the
 failed trial's intermediate values. Retries are queued by whoever watches the study (the launcher,
 or the Ray driver) from the stored FAIL trials, so a failure told while no launcher ran is retried
-by the next one, and each failure is retried once however many times the scan runs.
+by the next one, and each failure is retried once however many times the scan runs. A failure no
+rerun changes (a usage error, a missing file, a pattern that never matched: ``hpo.failures``) is
+not retried.
 
 A trial that runs out of GPU (or host) memory would fail again with the same parameters: it is
 told COMPLETE with the worst value and an ``out_of_memory`` constraint of 1, which Optuna counts
@@ -32,6 +34,8 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import optuna
+
+from hpo import failures
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -99,6 +103,7 @@ SYSTEM_ATTR_FAILED_TRIAL = "failed_trial"
 SYSTEM_ATTR_RETRY_HISTORY = "retry_history"
 REASON_CANCELLED = "cancelled by hpo cancel"
 REASON_NO_PROGRESS = "no epoch finished between requeues"
+REASON_STOPPED_FAILING = "stopped with the launch: its first trials failed the same way"
 # Study user attributes.
 STUDY_ATTR_CANCEL = "hpo_cancel_requested_at"
 STUDY_ATTR_CANCEL_SEEN = "hpo_cancel_seen_at"
@@ -120,13 +125,16 @@ ATTR_IMPORTED_FROM = "imported_from"
 STUDY_ATTR_SPENT = "hpo_spent_hours"
 STUDY_ATTR_STOPPED = "hpo_stopped"
 STUDY_ATTR_WARM_STARTED = "hpo_warm_started_from"
+STUDY_ATTR_SET_UP_FAILURES = "hpo_set_up_failures"
+"""The trials a launch stopped on (``hpo.budget.failing``) and those it cut short: kept, but not
+counted in the trial budget (the launch after the fix runs every trial of ``n_trials``)."""
 """The number of the failed trial a retry repeats."""
 # Population Based Training (Ray backend): what PBT changed, and the values a member ended with.
 ATTR_SCHEDULE = "pbt_schedule"
 ATTR_FINAL_PARAMS = "pbt_final_params"
 CONSTRAINT_MEMORY = "out_of_memory"
 # Failures that a retry cannot help: the user stopped the study; the job's time limit is too short.
-_NOT_RETRIED_PREFIXES = (REASON_CANCELLED, REASON_NO_PROGRESS)
+_NOT_RETRIED_PREFIXES = (REASON_CANCELLED, REASON_NO_PROGRESS, REASON_STOPPED_FAILING)
 
 
 def now_iso() -> str:
@@ -344,8 +352,9 @@ def queue_retries(study: optuna.Study, max_retries: int) -> list[int]:
             continue
         if trial.user_attrs.get(ATTR_SURPLUS) or trial.user_attrs.get(ATTR_NOT_RUN) or not trial.params:
             continue  # closed unrun, or failed before it had parameters: nothing to repeat
-        if str(trial.user_attrs.get(ATTR_FAIL_REASON, "")).startswith(_NOT_RETRIED_PREFIXES):
-            continue
+        reason = str(trial.user_attrs.get(ATTR_FAIL_REASON, ""))
+        if reason.startswith(_NOT_RETRIED_PREFIXES) or failures.classify(reason).permanent:
+            continue  # no rerun can change it (hpo.failures)
         history = [*retry_history(trial), trial.number]
         if len(history) > max_retries:
             continue
@@ -377,6 +386,7 @@ def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     ones, and failed ones whose retry (queued or run) takes their place."""
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
+    set_up = set(set_up_failures(study))
     return [
         t
         for t in trials
@@ -384,7 +394,38 @@ def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
         and not t.user_attrs.get(ATTR_NOT_RUN)
         and ATTR_IMPORTED_FROM not in t.user_attrs
         and t.number not in retried
+        and t.number not in set_up
     ]
+
+
+def ran_and_failed(trial: optuna.trial.FrozenTrial) -> bool:
+    """A FAIL trial that ran and failed on its own: not closed unrun, not cancelled or cut short."""
+    reason = str(trial.user_attrs.get(ATTR_FAIL_REASON, ""))
+    return (
+        trial.state == optuna.trial.TrialState.FAIL
+        and not trial.user_attrs.get(ATTR_SURPLUS)
+        and not trial.user_attrs.get(ATTR_NOT_RUN)
+        and not reason.startswith((REASON_CANCELLED, REASON_STOPPED_FAILING))
+    )
+
+
+def ended_since(study: optuna.Study, since: float) -> list[optuna.trial.FrozenTrial]:
+    """This study's own trials that ended at or after ``since`` (unix time), in the order they ended."""
+    ended = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if is_own(t) and t.datetime_complete is not None and t.datetime_complete.timestamp() >= since
+    ]
+    return sorted(ended, key=lambda t: (t.datetime_complete, t.number))
+
+
+def set_up_failures(study: optuna.Study) -> list[int]:
+    return [int(n) for n in study.user_attrs.get(STUDY_ATTR_SET_UP_FAILURES, [])]
+
+
+def store_set_up_failures(study: optuna.Study, numbers: Sequence[int]) -> None:
+    known = set_up_failures(study)
+    study.set_user_attr(STUDY_ATTR_SET_UP_FAILURES, [*known, *(n for n in numbers if n not in known)])
 
 
 def own_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -406,7 +447,9 @@ def stopped(study: optuna.Study) -> dict[str, Any] | None:
     return dict(value) if value else None
 
 
-def store_stopped(study: optuna.Study, reason: str, at_trial: int, saved: str) -> None:
+def store_stopped(study: optuna.Study, reason: str, at_trial: int, saved: str, kind: str = "rule") -> None:
+    """``kind``: "rule" (a stop rule ended the study) or "failing" (``hpo.budget.failing`` ended a
+    launch; the next launch clears it)."""
     study.set_user_attr(
         STUDY_ATTR_STOPPED,
         {
@@ -414,8 +457,16 @@ def store_stopped(study: optuna.Study, reason: str, at_trial: int, saved: str) -
             "at_trial": at_trial,
             "saved": saved,
             "at": datetime.now(timezone.utc).timestamp(),
+            "kind": kind,
         },
     )
+
+
+def clear_failing_stop(study: optuna.Study) -> None:
+    """A new launch of a study an earlier one stopped as failing: that verdict no longer stands."""
+    stop = stopped(study)
+    if stop and stop.get("kind") == "failing":
+        study.set_user_attr(STUDY_ATTR_STOPPED, None)
 
 
 def spent_hours(study: optuna.Study) -> float | None:

@@ -237,6 +237,10 @@ def check_definition(study: optuna.Study, spec: StudySpec, *, allow_space_change
         return True  # a new study, or one stored before definitions were: nothing to compare
     check_metric(study, spec)
     # A trainer setting the stored study predates reads as its default (what its trials ran with).
+    if not any(t.values or t.intermediate_values for t in record.own_trials(study)):
+        # No trial measured anything yet (its first trials failed: a fixed command, a pattern that
+        # now matches): there is nothing the new trials would be compared with.
+        return stored != current
     defaults = ADDED_SETTINGS if spec.objective is None else {}
     fixed_changes = _differences(stored.get("fixed", {}), current["fixed"], defaults)
     if fixed_changes:

@@ -230,6 +230,12 @@ class StudySection:
         "again with the same parameters, from its last checkpoint; 0 never retries.",
         ge=0,
     )
+    fail_fast: bool = field(
+        True,
+        "Stop a launch whose first trials all fail the same way (2 trials with different "
+        "parameters for a failure no rerun changes: a usage error, a missing file, a metric "
+        "pattern that never matched; 3 for any other), before the budget is spent on it.",
+    )
     timeout: str | int | None = field(
         None, "Stop submitting new trials after this long (minutes, or 90s, 30m, 2h, 1-00:00:00)."
     )

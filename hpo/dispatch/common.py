@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import record, search, warm_start
-from hpo.budget import stopping
+from hpo import failures, record, search, warm_start
+from hpo.budget import failing, stopping
 from hpo.budget.compute import BudgetGate
 from hpo.dispatch.lease import Lease
 from hpo.observe.progress import Progress
@@ -71,6 +71,8 @@ class LaunchSummary:
     best_params: dict[str, Any]
     cancelled: bool = False
     """`hpo cancel` stopped the study: no completed trial is then no failure of the launcher."""
+    failing: str | None = None
+    """The launch stopped as its first trials failed the same way (``hpo.budget.failing``)."""
 
 
 Log = Callable[[str], None]
@@ -178,6 +180,10 @@ class Dispatcher:
         self.trials_ended = 0
         """Trials seen ending by this launcher: the stop rules and the budget look again when it grows."""
         self._stop_checked_at = -1
+        self.ended: list[optuna.trial.FrozenTrial] = []
+        """This launch's trials in the order they were seen ending (the fail-fast rule reads them)."""
+        self.failing: str | None = None
+        """Why ``hpo.budget.failing`` stopped this launch: its first trials failed the same way."""
 
     def _accepting(self) -> bool:
         """Whether new trials may start: not past the timeout, no `hpo cancel` since this launch,
@@ -209,16 +215,41 @@ class Dispatcher:
         return True
 
     def _stop_rule_met(self) -> bool:
-        """The study's stop rules, read again each time a trial has ended; a verdict is final for
-        this launch, printed once and stored on the study with what it saved."""
-        if self.stopped or not self.spec.study.stop.active or self.trials_ended == self._stop_checked_at:
+        """The fail-fast rule and the study's stop rules, read again each time a trial has ended; a
+        verdict is final for this launch, printed once and stored on the study."""
+        if self.stopped or self.trials_ended == self._stop_checked_at:
             return self.stopped
         self._stop_checked_at = self.trials_ended
+        verdict = failing.check(self.ended) if self.spec.study.fail_fast else None
+        if verdict is not None:
+            cut = self._cut_short() if verdict.failure.permanent else []
+            self.failing = failing.end(self.study, self.spec, verdict, cut)
+            self.log(f"stopping: {self.failing}")
+            self.stopped = True
+            return True
+        if not self.spec.study.stop.active:
+            return False
         line = stopping.end_if_met(self.study, self.spec)
         if line:
             self.log(line)
             self.stopped = True
         return self.stopped
+
+    def _cut_short(self) -> list[int]:
+        """End the trials in flight when the launch stops on a failure no rerun changes: they run
+        the same set-up (on a cluster, each may wait in the queue only to fail). Their jobs are
+        cancelled after their trials are failed, so the cancel is not taken for an outside one."""
+        cut = []
+        for entry in self.in_flight:
+            try:
+                record.fail(self.study, entry.number, record.REASON_STOPPED_FAILING)
+            except (RuntimeError, ValueError):
+                continue  # told meanwhile: its state stands
+            cut.append(entry.number)
+            if entry.job is not None:
+                with contextlib.suppress(Exception):  # a job that has just ended
+                    entry.job.cancel(check=False)
+        return cut
 
     def _take_over_running_trials(self, per_trial: bool) -> dict[str, str]:
         """Deal with the trials a previous launcher left RUNNING: re-attach per-trial jobs that
@@ -286,6 +317,7 @@ class Dispatcher:
 
     def _report(self, trial: optuna.trial.FrozenTrial) -> None:
         self.trials_ended += 1
+        self.ended.append(trial)
         state = trial.state.name
         if state == "COMPLETE" and trial.values and not trial.user_attrs.get(record.ATTR_INFEASIBLE):
             value = trial.values[0]
@@ -309,7 +341,12 @@ class Dispatcher:
         elif trial.user_attrs.get(record.ATTR_INFEASIBLE):
             self.log(f"trial {trial.number} infeasible: {trial.user_attrs.get(record.ATTR_FAIL_REASON, '')}")
         else:
-            self.log(f"trial {trial.number} {state}: {trial.user_attrs.get(record.ATTR_FAIL_REASON, '')}")
+            reason = str(trial.user_attrs.get(record.ATTR_FAIL_REASON, ""))
+            permanent = record.ran_and_failed(trial) and failures.classify(reason).permanent
+            self.log(
+                f"trial {trial.number} {state}: {reason}"
+                + (" (not retried: no rerun changes it)" if permanent else "")
+            )
 
     def _counted(self) -> int:
 

@@ -51,6 +51,7 @@ def _launch_held(
     )
     # Failures told while no launcher watched (a trial failing after a launcher was stopped).
     queue_retries(study, spec, log)
+    record.clear_failing_stop(study)  # an earlier launch's verdict: this one judges its own trials
     deadline = None if spec.study.timeout_min is None else time.time() + 60 * spec.study.timeout_min
     progress = Progress(spec, study, deadline, log) if options.progress else None
     shown = progress.log if progress else log
@@ -70,4 +71,6 @@ def _launch_held(
     finally:
         if progress:
             progress.close()
-    return summarize(study, spec, log, since=dispatcher.started)
+    summary = summarize(study, spec, log, since=dispatcher.started)
+    summary.failing = dispatcher.failing
+    return summary

@@ -10,6 +10,7 @@ from typing import Any
 import optuna
 
 from hpo import record
+from hpo.budget import failing
 from hpo.dispatch.common import Deferral, Dispatcher, InFlight, signals_deferred
 from hpo.errors import LaunchError, NotReadyError, one_line
 from hpo.slurm import executors
@@ -47,7 +48,12 @@ class PerTrialDispatcher(Dispatcher):
         self._collect_finished()
         budget_left = self.spec.study.n_trials - self._counted()
         # The cancel flag is read before every submission: a cancel during a slow sbatch stops the next.
-        while budget_left > 0 and len(self.in_flight) < self.spec.study.max_concurrent and self._accepting():
+        while (
+            budget_left > 0
+            and len(self.in_flight) < self.spec.study.max_concurrent
+            and self._accepting()
+            and not self._awaiting_verdict()
+        ):
             self._submit(executor)
             budget_left = self.spec.study.n_trials - self._counted()
         accepting = self._accepting()
@@ -60,6 +66,11 @@ class PerTrialDispatcher(Dispatcher):
         if self.progress:
             self.progress.tick()
         return False
+
+    def _awaiting_verdict(self) -> bool:
+        """A first trial failed in a way no rerun changes: the trials in flight end before any
+        more is submitted (``hpo.budget.failing.suspect``)."""
+        return bool(self.in_flight) and self.spec.study.fail_fast and failing.suspect(self.ended)
 
     def _submit(self, executor: Any) -> None:
         with signals_deferred() as deferral:

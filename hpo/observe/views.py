@@ -194,7 +194,9 @@ def ending_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
             f"{cost.unit} spent, {accounting.format_hours(left)} left"
         )
     stopped = record.stopped(study)
-    if stopped:
+    if stopped and stopped.get("kind") == "failing":
+        lines.append(f"last launch stopped: {stopped['reason']}")
+    elif stopped:
         lines.append(
             f"stopped after trial {stopped['at_trial']}: {stopped['reason']}; saved {stopped['saved']}"
         )

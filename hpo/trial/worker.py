@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from submitit.core.utils import UncompletedJobError
 
 from hpo import record, search
-from hpo.budget import compute
+from hpo.budget import compute, failing
 from hpo.storage import StorageRef, open_storage, with_retries
 from hpo.trial import retries
 from hpo.trial.objective import Objective, TrainerObjective
@@ -61,6 +61,10 @@ class WorkerTask:
             stopped = record.stopped(study)
             if stopped and float(stopped.get("at", 0)) >= self.started:
                 print(f"worker stops: stop rule met ({stopped['reason']})", flush=True)
+                break
+            if self.spec.study.fail_fast and failing.check(record.ended_since(study, self.started)):
+                # The launcher stores the verdict and says why; a worker stops as soon as it sees it.
+                print("worker stops: the launch's first trials failed the same way", flush=True)
                 break
             spending = compute.measure(self.spec, study.get_trials(deepcopy=False))
             if spending is not None and spending.exhausted:

@@ -1,0 +1,109 @@
+"""What a trial's fail reason says: whether a retry could help, and whether two failures are the
+same failure.
+
+A retry is for what changes from one run to the next: a node lost, a file system that hung, a
+neighbour's memory. A usage error, a program or file that is not there, a pattern that never matched
+the output, or code that does not import fails again the same way, with the same parameters or any
+others: such a failure is *permanent*; it is not retried, and two trials that fail with it are
+enough to say the study's set-up is wrong (``hpo.budget.failing``). Pure functions of the reason
+text the service itself writes (``hpo.trial.command``, ``hpo.trial.task``, the launcher's
+``job N STATE without telling a result: <error line>``), so that the trial side and the launcher
+side classify alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+USAGE = "usage"
+NOT_FOUND = "not found"
+NO_METRIC = "no metric"
+PROGRAM = "program"
+OTHER = "other"
+CLUSTER = "cluster"
+"""A job the cluster ended (node lost, preemption, time limit, scancel) or a signal: never the
+study's set-up."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    kind: str
+    """One of USAGE, NOT_FOUND, NO_METRIC, PROGRAM (all permanent), OTHER or CLUSTER."""
+    signature: str
+    """The reason with its numbers (job ids, trial numbers, parameter values) blanked: equal for
+    two trials that failed the same way."""
+
+    @property
+    def permanent(self) -> bool:
+        return self.kind not in (OTHER, CLUSTER)
+
+
+_COMMAND_EXIT = re.compile(r"^the command exited with status (?P<status>-?\d+)(?::\s*(?P<line>.*))?$")
+# argparse: "prog: error: unrecognized arguments: ...", "usage: prog [-h] ..."; click: "Error: No such
+# option: ..."; getopt-style tools: "invalid option", "unknown option".
+_USAGE_LINE = re.compile(
+    r"(^usage:|: error: |^error: (no such option|unrecognized|unknown|invalid|missing)|"
+    r"unrecognized (arguments|option)|unknown option|invalid option|no such option)",
+    re.IGNORECASE,
+)
+_NOT_FOUND_LINE = re.compile(
+    r"(can't open file|no such file or directory|command not found|not found$|permission denied|"
+    r"FileNotFoundError|PermissionError|IsADirectoryError|NotADirectoryError)",
+    re.IGNORECASE,
+)
+# Python errors that no rerun changes: the code or its environment is wrong.
+_PROGRAM_LINE = re.compile(
+    r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|NameError|TypeError|AttributeError)\b"
+    # The user's function (objective.function) that gives no value.
+    r"| returned None and reported nothing$|, not a number \(the final metric\)$"
+)
+# Launcher-side reasons whose cause is the cluster, not the program: never one failure repeated.
+_CLUSTER_STATES = re.compile(
+    r"^job \S+ (NODE_FAIL|PREEMPTED|BOOT_FAIL|CANCELLED|TIMEOUT|DEADLINE|REQUEUED|UNKNOWN|OUT_OF_MEMORY)\b"
+)
+_NUMBER = re.compile(r"\d+(\.\d+)?([eE][-+]?\d+)?")
+
+
+def classify(reason: str) -> Failure:
+    """The kind and signature of a trial's fail reason (see the module docstring)."""
+    reason = reason.strip()
+    signature = _NUMBER.sub("#", reason)
+    if reason.startswith("no metric reported"):
+        return Failure(NO_METRIC, "no metric reported")  # its last line varies with the run
+    if reason.startswith("cannot run "):
+        return Failure(NOT_FOUND, signature)
+    if _CLUSTER_STATES.match(reason) or "killed by SIG" in reason:
+        return Failure(CLUSTER, signature)
+    exited = _COMMAND_EXIT.match(reason)
+    line = (
+        (exited.group("line") or "")
+        if exited
+        else reason.partition(" without telling a result: ")[2] or reason
+    )
+    status = int(exited.group("status")) if exited else None
+    if status in (126, 127):  # the shell's "cannot execute" and "command not found"
+        return Failure(NOT_FOUND, signature)
+    if _USAGE_LINE.search(line) and (status in (None, 1, 2, 64)):
+        return Failure(USAGE, signature)
+    if _NOT_FOUND_LINE.search(line):
+        return Failure(NOT_FOUND, signature)
+    if _PROGRAM_LINE.search(line):
+        return Failure(PROGRAM, signature)
+    return Failure(OTHER, signature)
+
+
+def hint(kind: str, study_file: str, trial: int) -> str:
+    """What to change for a failure of this kind (the study file's keys named)."""
+    logs = f"hpo logs {study_file} {trial} --err"
+    return {
+        USAGE: f"the command's options are not the script's: check objective.command in {study_file} "
+        "against the script's --help",
+        NOT_FOUND: f"a program or file is missing where the trial ran: check objective.command and "
+        f"objective.cwd in {study_file}, and the paths they name ({logs})",
+        NO_METRIC: f"objective.metric_pattern matched no line of the command's output: check it "
+        f"against the trial's output (hpo logs {study_file} {trial}), or try it with hpo launch "
+        f"{study_file} --check",
+        PROGRAM: "the objective fails the same way whatever its parameters: run it once by hand in "
+        f"the job's environment (modules, venv) and read its log ({logs})",
+    }.get(kind, f"see the trial's log: {logs}")
