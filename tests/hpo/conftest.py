@@ -120,7 +120,7 @@ def start_hpo(*args: str, **env: str) -> subprocess.Popen[str]:
 
 
 def fault_line(fault: str, outcome: str, lost: int, recovery_s: float | None) -> None:
-    """The line a fault test prints for the README's fault table (``pytest -s`` shows them)."""
+    """The line a fault test prints for the fault table of docs/faults.md (``pytest -s`` shows them)."""
     shown = "-" if recovery_s is None else f"{recovery_s:.1f} s"
     line = f"FAULT | {fault} | {outcome} | trials lost: {lost} | recovery: {shown}"
     print(f"\n{line}")

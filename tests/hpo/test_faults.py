@@ -3,7 +3,7 @@ trial job, a trial job cancelled behind the service's back, a launcher killed, t
 restarted, many processes starting at once on a fresh database, a trial out of memory.
 
 Each test prints a ``FAULT`` line (what was injected, what the study did, trials lost, time to
-recover): the figures of the fault table in the README come from these lines.
+recover): the figures of the fault table in docs/faults.md come from these lines.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Misuse that would double or lose work, on the local Slurm cluster and PostgreSQL: two launchers
 on one study, `hpo cancel` while a slow sbatch is under way, a trial asked and never submitted.
 
-Each test prints a ``FAULT`` line for the README's table.
+Each test prints a ``FAULT`` line for the fault table (docs/faults.md).
 """
 
 from __future__ import annotations
