@@ -40,12 +40,12 @@ class Failure:
 
 
 _COMMAND_EXIT = re.compile(r"^the command exited with status (?P<status>-?\d+)(?::\s*(?P<line>.*))?$")
-# argparse: "prog: error: unrecognized arguments: ...", "usage: prog [-h] ..."; click: "Error: No such
-# option: ..."; getopt-style tools: "invalid option", "unknown option".
-_USAGE_LINE = re.compile(
-    r"(^usage:|: error: |^error: (no such option|unrecognized|unknown|invalid|missing)|"
-    r"unrecognized (arguments|option)|unknown option|invalid option|no such option)",
-    re.IGNORECASE,
+# A usage error of the user's command, by its exit status and last line. argparse and click exit 2:
+# "prog: error: unrecognized arguments: ...", "usage: prog [-h] ...", "Error: No such option: ...";
+# getopt-style tools exit 1 or 64 naming the option.
+_PARSER_ERROR = re.compile(r"(^usage: |^[\w./-]+: error: |^error: no such option)", re.IGNORECASE)
+_OPTION_WORDS = re.compile(
+    r"(unrecognized (arguments|option)|unknown option|invalid option|no such option)", re.IGNORECASE
 )
 _NOT_FOUND_LINE = re.compile(
     r"(can't open file|no such file or directory|command not found|not found$|permission denied|"
@@ -76,16 +76,20 @@ def classify(reason: str) -> Failure:
     if _CLUSTER_STATES.match(reason) or "killed by SIG" in reason:
         return Failure(CLUSTER, signature)
     exited = _COMMAND_EXIT.match(reason)
-    line = (
-        (exited.group("line") or "")
-        if exited
-        else reason.partition(" without telling a result: ")[2] or reason
-    )
-    status = int(exited.group("status")) if exited else None
-    if status in (126, 127):  # the shell's "cannot execute" and "command not found"
-        return Failure(NOT_FOUND, signature)
-    if _USAGE_LINE.search(line) and (status in (None, 1, 2, 64)):
-        return Failure(USAGE, signature)
+    if exited:  # the user's command, told by the trial process
+        line, status = exited.group("line") or "", int(exited.group("status"))
+        if status in (126, 127):  # the shell's "cannot execute" and "command not found"
+            return Failure(NOT_FOUND, signature)
+        if (status == 2 and _PARSER_ERROR.search(line)) or (
+            status in (1, 2, 64) and _OPTION_WORDS.search(line)
+        ):
+            return Failure(USAGE, signature)
+    else:
+        # The launcher's "job N STATE without telling a result: <its log's error line>" (the trial
+        # process itself died), or a function's exception: no usage error of a command there.
+        line = reason.partition(" without telling a result: ")[2] or reason
+        if line.startswith("slurmstepd"):  # Slurm's own words about the step: the cluster's
+            return Failure(OTHER, signature)
     if _NOT_FOUND_LINE.search(line):
         return Failure(NOT_FOUND, signature)
     if _PROGRAM_LINE.search(line):

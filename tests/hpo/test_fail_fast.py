@@ -204,6 +204,17 @@ def test_check_runs_the_command_to_its_first_report_and_names_the_key_of_a_mista
         ("the command exited with status 1: RuntimeError: NCCL timeout", "other"),
         ("the command exited with status 1: OSError: [Errno 5] Input/output error", "other"),
         ("job 812 NODE_FAIL without telling a result", "cluster"),
+        (
+            "job 950 FAILED without telling a result: slurmstepd-n3: error: *** STEP 950.0 ON n3 FAILED "
+            "(non-zero exit code or other failure mode) ***",
+            "other",
+        ),
+        ("the command exited with status 1: RuntimeError: loss: error: nan at step 3", "other"),
+        (
+            "the command exited with status 2: train.py: error: argument --lr: invalid float value: 'x'",
+            "usage",
+        ),
+        ("the command exited with status 1: rsync: unknown option -- z", "usage"),
         ("job 812_3 PREEMPTED without telling a result: slurmstepd: error: *** JOB CANCELLED", "cluster"),
         ("the command was killed by SIGKILL; last output line: 'epoch 2'", "cluster"),
     ],
