@@ -33,6 +33,8 @@ class PerTrialDispatcher(Dispatcher):
     _queue: frozenset[str] = frozenset()
     """The study's job ids squeue listed at ``_queue_read_at`` (read at most once a second)."""
     _queue_read_at = float("-inf")
+    _suspect_at: int | None = None
+    """How many trials had ended when the launch began to wait for the next one to decide."""
 
     def run(self) -> None:
         executor = executors.make_executor(
@@ -68,9 +70,15 @@ class PerTrialDispatcher(Dispatcher):
         return False
 
     def _awaiting_verdict(self) -> bool:
-        """A first trial failed in a way no rerun changes: the trials in flight end before any
-        more is submitted (``hpo.budget.failing.suspect``)."""
-        return bool(self.in_flight) and self.spec.study.fail_fast and failing.suspect(self.ended)
+        """A first trial failed in a way no rerun changes: nothing more is submitted until one more
+        trial in flight ends, which decides (``hpo.budget.failing.suspect``): a success, or the
+        same failure again (the launch stops), or another."""
+        if not (self.in_flight and self.spec.study.fail_fast and failing.suspect(self.ended)):
+            self._suspect_at = None
+            return False
+        if self._suspect_at is None:
+            self._suspect_at = len(self.ended)
+        return len(self.ended) == self._suspect_at
 
     def _submit(self, executor: Any) -> None:
         with signals_deferred() as deferral:
