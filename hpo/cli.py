@@ -92,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
         ("cancel", "cancel the study's running jobs"),
     ):
         _study_arguments(commands.add_parser(name, help=text))
+    studies = commands.add_parser(
+        "studies",
+        help="the studies in a storage (--storage), or every study you launched: trials, best, compute",
+    )
+    studies.add_argument("--storage", help="a storage URL (no password here: use PGPASSWORD or ~/.pgpass)")
+    delete = commands.add_parser(
+        "delete", help="remove the study from its storage (nothing of it may run; asks to confirm)"
+    )
+    _study_arguments(delete)
+    delete.add_argument("--yes", action="store_true", help="do not ask to confirm")
     dashboard = commands.add_parser("dashboard", help="optuna-dashboard on the study's storage")
     _study_arguments(dashboard)
     dashboard.add_argument("--port", type=int, default=8080, help="default 8080")
@@ -107,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     _study_arguments(logs)
     logs.add_argument("trial", type=int, metavar="TRIAL", help="the trial's number (see hpo status)")
     logs.add_argument("--err", action="store_true", help="its stderr (tracebacks, the trainer's log)")
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="print new lines as the job writes them, until the trial ends (Ctrl-C stops)",
+    )
     logs.add_argument(
         "--trace", action="store_true", help="where its torch.profiler trace is (study.profile_trials)"
     )
@@ -136,5 +152,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args["command"] == "schema":  # reads no study file
         print(schema_text())
         return 0
+    args.setdefault("study_file", None)  # `hpo studies` reads none
     request = Request(**args, argv=argv)
     return execute_as_process(request)

@@ -39,7 +39,7 @@ class Request:
     """One ``hpo`` command with its options (the command line's, parsed)."""
 
     command: str
-    study_file: Path
+    study_file: Path | None
     storage: str | None = None
     overrides: list[str] = dataclasses.field(default_factory=list)
     argv: list[str] = dataclasses.field(default_factory=list)
@@ -64,6 +64,8 @@ class Request:
     trial: int | None = None
     err: bool = False
     trace: bool = False
+    follow: bool = False
+    yes: bool = False
 
 
 def schema_text() -> str:
@@ -139,6 +141,9 @@ def run(request: Request) -> int:
     from hpo.config import load_study
     from hpo.storage import has_password, resolve_storage
 
+    if request.command == "studies":
+        return list_studies(request)
+    assert request.study_file is not None  # every other command names one
     command_line_urls = [request.storage] if request.storage is not None else []
     command_line_urls += [o.partition("=")[2] for o in request.overrides if o.startswith("study.storage=")]
     if any(has_password(url) for url in command_line_urls):
@@ -161,12 +166,40 @@ def run(request: Request) -> int:
             f"{spec.source}: study.warm_start.storage: a password in this URL would reach every job; "
             "put it in ~/.pgpass (mode 600)"
         )
+    _use_last_launch(request, spec)
     storage = resolve_storage(spec, spec.study.storage, spec.source)
     # The study file is pickled into every job: it must carry the URL without its password.
     spec.study.storage = str(storage)
     if request.command == "launch":
         return launch(request, spec, storage)
     return observe(request, spec, storage)
+
+
+def _use_last_launch(request: Request, spec: StudySpec) -> None:
+    """A command that names no storage (options, overrides, the file's keys) takes the study file's
+    last launch's (``hpo.launches``), and its workdir unless it names one: from another folder, or
+    after a launch with ``--storage``, it finds the same study instead of an empty default. A last
+    launch on the default journal is its workdir's: a command naming another workdir has its own."""
+    from hpo import launches
+    from hpo.storage import mask
+
+    if spec.study.storage:
+        return
+    last = launches.recorded(Path(spec.source), spec.study.name)
+    if last is None:
+        return
+    default_workdir = spec.workdir
+    on_default_journal = last["storage"] == f"journal:{Path(last['workdir']) / 'optuna.journal'}"
+    if spec.study.workdir and on_default_journal:
+        return
+    spec.study.workdir = spec.study.workdir or last["workdir"]
+    spec.study.storage = last["storage"]
+    if last["storage"] != f"journal:{default_workdir / 'optuna.journal'}":
+        print(
+            f"hpo {request.command}: {request.study_file}: the study of its last launch, in "
+            f"{mask(last['storage'])} (workdir {last['workdir']}); --storage names another",
+            file=sys.stderr,
+        )
 
 
 def launch(request: Request, spec: StudySpec, storage: StorageRef) -> int:
@@ -190,6 +223,9 @@ def launch(request: Request, spec: StudySpec, storage: StorageRef) -> int:
         run_check(spec, request.check_timeout)
     if request.dry_run or request.check:
         return 0
+    from hpo import launches
+
+    launches.record(Path(spec.source), spec.study.name, str(storage), spec.workdir)
     if request.detach:
         return _detach(request, spec, storage)
     if spec.study.backend == "ray":
@@ -244,15 +280,43 @@ def observe(request: Request, spec: StudySpec, storage: StorageRef) -> int:
         assert request.trial is not None  # required by the command line
         if request.trace:
             lines = views.trial_trace(spec, study, request.trial)
+        elif request.follow:
+            views.follow_log(spec, study, request.trial, request.err, _write_flushed)
+            return 0
         else:
             sys.stdout.write(views.trial_log(spec, study, request.trial, request.err))
             return 0
     elif request.command == "cancel":
         lines = views.cancel(spec, storage, study)
+    elif request.command == "delete":
+        from hpo.observe import studies
+
+        lines = studies.delete_study(spec, storage, confirmed=request.yes)
     else:
         raise StudyFileError(f"unknown command {request.command!r}")
     print("\n".join(lines))
     return 0
+
+
+def list_studies(request: Request) -> int:
+    from hpo.observe import studies
+    from hpo.storage import has_password, resolve_url
+
+    if request.storage is not None:
+        if has_password(request.storage):
+            raise StudyFileError(
+                "--storage: a password on the command line is visible to every user; put it in PGPASSWORD or ~/.pgpass"
+            )
+        refs = [resolve_url(request.storage, "--storage")]
+    else:
+        refs = studies.launched_storages()
+    print("\n".join(studies.list_studies(refs)))
+    return 0
+
+
+def _write_flushed(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def _detach(request: Request, spec: StudySpec, storage: StorageRef) -> int:

@@ -58,6 +58,9 @@ ATTR_SURPLUS = "surplus"
 ATTR_NOT_RUN = "not_run"
 """Set on a trial closed before its job was submitted (a submission that failed, a launcher stopped
 between ask and submit, a cancel in between): FAIL with its reason, not counted, not retried."""
+ATTR_THREADS = "threads"
+"""The CPU threads the trial's computation used (torch's, OMP_NUM_THREADS): they change the last
+digits of its values, so the command `hpo best` prints sets them."""
 ATTR_JOB_KIND = "job_kind"
 """slurm or local: where a --workers worker (executor "worker") runs."""
 ATTR_INFEASIBLE = "infeasible"
@@ -68,6 +71,10 @@ ATTR_EPOCH_TIME_S = "epoch_time_s"
 ATTR_EPOCH_SECONDS = "epoch_seconds"
 """[training, validation] seconds of each epoch in order, a resumed run's checkpointed epochs
 included: what the replay benchmark's clock runs on."""
+ATTR_METRICS = "metrics"
+"""Every other metric a trial of the user's objective reported, per step: {name: {step: value}}
+(the named groups of ``metric_pattern`` beside ``value`` and ``step``; keyword arguments of
+``hpo.trial.report``)."""
 ATTR_CURVE = "epoch_values"
 """{epoch: metric} after each epoch, in a multi-objective study (which takes no intermediate values)."""
 ATTR_CPU_HOURS = "cpu_hours"
@@ -396,6 +403,23 @@ def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
         and t.number not in retried
         and t.number not in set_up
     ]
+
+
+def steps_mismatch(trial: optuna.trial.FrozenTrial, spec: StudySpec) -> int | None:
+    """The last step a completed trial of the user's objective reported, when it is not
+    ``objective.steps`` (the step the pruners and the default pruner's warm-up take for a full
+    run's last); None when they agree, or for the trainer (its epochs are the steps)."""
+    if spec.objective is None or trial.state != optuna.trial.TrialState.COMPLETE:
+        return None
+    steps = curve(trial)
+    last = max(steps, default=None)
+    return last if last is not None and last != spec.objective.steps else None
+
+
+def other_metric(trial: optuna.trial.FrozenTrial, name: str) -> float | None:
+    """Another metric of the trial (``ATTR_METRICS``) at the last step it was reported at."""
+    steps = trial.user_attrs.get(ATTR_METRICS, {}).get(name, {})
+    return float(steps[max(steps, key=int)]) if steps else None
 
 
 def ran_and_failed(trial: optuna.trial.FrozenTrial) -> bool:

@@ -68,6 +68,13 @@ class StorageRef:
     def __str__(self) -> str:
         return f"{JOURNAL_PREFIX}{self.target}" if self.kind == "journal" else self.target
 
+    @classmethod
+    def parse(cls, text: str) -> StorageRef:
+        """The inverse of ``str()`` (a recorded launch's storage)."""
+        if text.startswith(JOURNAL_PREFIX):
+            return cls("journal", text[len(JOURNAL_PREFIX) :])
+        return cls("rdb", text)
+
 
 def resolve_storage(spec: StudySpec, url: str | None, source: str) -> StorageRef:
     """Turn the study's storage setting (or ``--storage``) into a :class:`StorageRef`.
@@ -76,6 +83,12 @@ def resolve_storage(spec: StudySpec, url: str | None, source: str) -> StorageRef
     """
     if not url:
         return StorageRef("journal", str(spec.workdir / "optuna.journal"))
+    return resolve_url(url, source)
+
+
+def resolve_url(url: str, source: str) -> StorageRef:
+    """A storage URL (``journal:PATH`` or a database URL) as a :class:`StorageRef`; see
+    :func:`resolve_storage`."""
     if url.startswith(JOURNAL_PREFIX):
         path = url[len(JOURNAL_PREFIX) :].removeprefix("//")
         if not path:

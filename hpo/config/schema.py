@@ -95,6 +95,16 @@ class SamplerSpec:
     options: dict[str, Any] = field(factory=dict, help="Keyword arguments of the Optuna sampler class.")
 
 
+# Names a user may know a pruner by, from papers or Ray Tune: the name it has here, and why.
+PRUNER_ALIASES = {"asha": "successive_halving", "sha": "successive_halving", "median_stopping": "median"}
+PRUNER_ALIAS_WHY = {
+    "successive_halving": "Optuna's SuccessiveHalvingPruner is asynchronous successive halving, "
+    "ASHA; with the Ray backend it becomes Tune's ASHAScheduler",
+    "median": "Optuna's MedianPruner is the median stopping rule; with the Ray backend, Tune's "
+    "MedianStoppingRule",
+}
+
+
 @config_dataclass()
 class PrunerSpec:
     name: Literal[OptunaPruner, RayOnlyPruner] = field(
@@ -688,6 +698,17 @@ class _StudyFile:
     )
 
 
+def _section_hint(key: str) -> str | None:
+    """A top-level key that is a key of one section (``--set n_trials=5``): the path it needs."""
+    for section in ("study", "resources", "objective", "launcher", "trainer"):
+        owner = typing.get_type_hints(_StudyFile, include_extras=False)[section]
+        owner = next((a for a in typing.get_args(owner) if dataclasses.is_dataclass(a)), owner)
+        if any(f.name == key for f in dataclasses.fields(owner)):
+            top = ", ".join(f.name for f in dataclasses.fields(_StudyFile))
+            return f"unknown key (did you mean '{section}.{key}'?); valid keys: {top}"
+    return None
+
+
 def default_pruner(max_steps: int) -> PrunerSpec:
     """The pruner of a study file that names none: median stopping, its first decision at 4/9 of a
     full run's steps. Replayed over the recorded learning curves (bench/replay.py, 50 seeds,
@@ -699,10 +720,22 @@ def default_pruner(max_steps: int) -> PrunerSpec:
 
 
 def build_spec(document: dict[str, Any], source: str) -> StudySpec:
-    check_keys(document, _StudyFile)
+    try:
+        check_keys(document, _StudyFile)
+    except _KeyProblem as err:
+        raise _KeyProblem(err.path, _section_hint(err.path) or err.problem) from None
     if "study" not in document:
         raise _KeyProblem("study", "section is missing (it needs at least a name)")
     study_doc = document["study"]
+    pruner_doc = study_doc.get("pruner") if isinstance(study_doc, dict) else None
+    pruner_name = pruner_doc.get("name") if isinstance(pruner_doc, dict) else None
+    if isinstance(pruner_name, str) and pruner_name.lower() in PRUNER_ALIASES:
+        name = PRUNER_ALIASES[pruner_name.lower()]
+        raise _KeyProblem(
+            "study.pruner.name",
+            f"got {pruner_name!r}: that is {name!r} here ({PRUNER_ALIAS_WHY[name]}); must be one of "
+            + ", ".join((*PRUNERS, *RAY_ONLY_PRUNERS)),
+        )
     # No pruner, an empty one, or options without a name (a --set of one option): the measured
     # default, with the options given. A pruner named explicitly keeps its class's own defaults.
     pruner_doc = study_doc.get("pruner") if isinstance(study_doc, dict) else None

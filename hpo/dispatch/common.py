@@ -333,6 +333,9 @@ class Dispatcher:
                 else ""
             )
             self.log(f"trial {trial.number} COMPLETE: {self.spec.study.metric}={value:.4f}{cost}{note}")
+            last = record.steps_mismatch(trial, self.spec)
+            if last is not None:
+                self.log(f"warning: {steps_warning(self.spec, trial.number, last)}")
         elif state == "PRUNED":
             step = max(trial.intermediate_values) if trial.intermediate_values else 0
             value = record.metric_value(trial)
@@ -365,6 +368,14 @@ class Dispatcher:
                      "re-attaches to them, `hpo cancel` stops them")  # fmt: skip
         else:
             self.log(f"launcher stopped while trials {numbers} ran; `hpo launch` again resumes the study")
+
+
+def steps_warning(spec: StudySpec, number: int, last: int) -> str:
+    assert spec.objective is not None
+    return (
+        f"trial {number} reported steps up to {last}, {spec.source}: objective.steps says "
+        f"{spec.objective.steps}: the pruner takes objective.steps for a full run's last step; set it to {last}"
+    )
 
 
 def queue_retries(study: optuna.Study, spec: StudySpec, log: Log) -> None:

@@ -15,6 +15,7 @@ from hpo.dispatch.per_trial import PerTrialDispatcher
 from hpo.dispatch.workers import WorkerDispatcher
 from hpo.observe.progress import Progress
 from hpo.paths import private_dir
+from hpo.slurm import executors
 from hpo.storage import OutageTolerantStorage, StorageRef, mask
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ def _launch_held(
     finally:
         if progress:
             progress.close()
+        executors.remove_unnamed_folder(executors.jobs_folder(spec))
     summary = summarize(study, spec, log, since=dispatcher.started)
     summary.failing = dispatcher.failing
     return summary

@@ -100,14 +100,40 @@ def _plots(spec: StudySpec, study: optuna.Study, trials: list[optuna.trial.Froze
             lambda: vis_mpl.plot_parallel_coordinate(study, target=target, target_name=spec.study.metric),
         ),
         "param_importances": (
-            lambda: vis.plot_param_importances(study, target=target, target_name=spec.study.metric),
-            lambda: vis_mpl.plot_param_importances(study, target=target, target_name=spec.study.metric),
+            lambda: vis.plot_param_importances(
+                study, target=target, target_name=spec.study.metric
+            ).update_layout(title=importance_title(trials)),
+            lambda: _titled(
+                vis_mpl.plot_param_importances(study, target=target, target_name=spec.study.metric),
+                importance_title(trials),
+            ),
         ),
         "slice": (
             lambda: vis.plot_slice(study, target=target, target_name=spec.study.metric),
             lambda: vis_mpl.plot_slice(study, target=target, target_name=spec.study.metric),
         ),
     }
+
+
+FEW_FOR_IMPORTANCES = 30
+"""Below this many completed trials, an importance ranking is shown as uncertain: Optuna's default
+evaluator (PED-ANOVA) compares the parameter densities of the best trials with all of them, and
+with few trials the best ones are a handful: another seed of the same study ranks differently."""
+
+
+def importance_title(trials: list[optuna.trial.FrozenTrial]) -> str:
+    """Where the importances come from: Optuna's default evaluator, over how many completed trials."""
+    complete = sum(1 for t in trials if t.state.name == "COMPLETE")
+    caution = ": few, an uncertain ranking" if complete < FEW_FOR_IMPORTANCES else ""
+    return f"Parameter importances, Optuna's PED-ANOVA\nover {complete} completed trials{caution}"
+
+
+def _titled(axes: Any, title: str) -> Any:
+    """Optuna's own title replaced (it says nothing of the trials behind the bars)."""
+    for where in ("left", "center", "right"):
+        axes.set_title("", loc=where)
+    axes.set_title(title, fontsize=10)
+    return axes
 
 
 _TITLES = {
@@ -191,16 +217,54 @@ def _write_png(draw: Callable[[], Any], path: Path) -> Path | None:
         return None  # not enough trials for this plot yet; the page says so
     axes = drawn.flat[0] if hasattr(drawn, "flat") else drawn  # plot_slice gives one axes per parameter
     figure = axes.figure
-    figure.tight_layout()
+    tidy(figure, path.stem)
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def tidy(figure: Any, name: str) -> None:
+    """Optuna's matplotlib plots, readable: on log axes only the decades are labelled (the
+    2x10^1 3x10^1 minor labels run into each other), each parameter's axis gets room, and the
+    slice plot's colour bar sits beside its panels instead of over one."""
+    from matplotlib.ticker import LogLocator, NullFormatter
+
+    for axes in figure.axes:
+        for axis in (axes.xaxis, axes.yaxis):
+            axis.set_minor_formatter(NullFormatter())
+            if axis.get_scale() == "log":
+                axis.set_major_locator(LogLocator(base=10, numticks=4))
+    if name == "slice":
+        panels = [a for a in figure.axes if a.get_label() != "<colorbar>"]
+        width = max(4.0, 2.6 * len(panels))
+        figure.set_size_inches(width, 4.0)
+        with warnings.catch_warnings():  # the colour bar's axes: tight_layout leaves it be, as wanted
+            warnings.simplefilter("ignore", UserWarning)
+            figure.tight_layout(rect=(0, 0, 1 - 0.9 / width, 1))
+        for bar in (a for a in figure.axes if a.get_label() == "<colorbar>"):
+            bar.set_position((1 - 0.7 / width, 0.15, 0.15 / width, 0.7))
+        return
+    if name == "parallel_coordinate":
+        # One twin axis per parameter: enough width for each one's tick labels.
+        figure.set_size_inches(max(6.4, 1.6 * len(figure.axes)), 5.0)
+        main = figure.axes[0]
+        for label in main.get_xticklabels():
+            label.set_rotation(30)
+            label.set_horizontalalignment("right")
+        for twin in figure.axes[1:]:  # each twin would print the parameter names again
+            if twin.get_label() != "<colorbar>":
+                twin.tick_params(axis="x", labelbottom=False)
+    figure.tight_layout()
 
 
 # --- files ----------------------------------------------------------------------------------
 def _write_csv(study: optuna.Study, path: Path) -> Path:
     frame = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs", "duration",
                                           "datetime_start", "datetime_complete", "intermediate_values"))  # fmt: skip
+    # The other metrics of the user's objective, each at the trial's last step, in columns of their own.
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    for name in sorted({name for t in trials.values() for name in t.user_attrs.get(record.ATTR_METRICS, {})}):
+        frame[f"metric_{name}"] = [record.other_metric(trials[n], name) for n in frame["number"]]
     frame.to_csv(path, index=False)
     return path
 
@@ -229,7 +293,7 @@ def _write_summary(
             "params": trial.params,
             "job_id": trial.user_attrs.get(record.ATTR_JOB_ID),
             "command": (
-                views.objective_command(spec, trial)
+                (views.rerun_line(spec, trial) if spec.objective.command is not None else views.objective_command(spec, trial))
                 if spec.objective is not None
                 else next((line.removeprefix("train it: ") for line in best_lines if line.startswith("train it: ")), None)
             ),

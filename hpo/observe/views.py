@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shlex
 import signal
@@ -11,6 +12,8 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -18,12 +21,13 @@ from submitit.core.utils import JobPaths
 
 from hpo import paths, record, search
 from hpo.budget import stopping
-from hpo.config.command import render
+from hpo.config.command import placeholders, render
 from hpo.dispatch.lease import Lease
 from hpo.errors import LaunchError, NotReadyError, StudyFileError
 from hpo.record import ATTR_FINAL_PARAMS, ATTR_RETRY_OF, ATTR_SCHEDULE
 from hpo.slurm import accounting, executors
 from hpo.storage import DatabaseUnreachable, StorageRef, driver_line, is_transient, mask, open_storage
+from hpo.trial import client
 from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig
 from trainer.errors import ConfigError
 
@@ -39,8 +43,7 @@ def open_study(spec: StudySpec, ref: StorageRef) -> optuna.Study:
         storage = open_storage(ref, create=False, tolerance_s=0)
         study = search.load(spec, storage, create=False)
     except (KeyError, FileNotFoundError):
-        raise StudyFileError(f"{spec.source}: study.name: no study {spec.study.name!r} in {mask(str(ref))}; "
-                             "run `hpo launch` first") from None  # fmt: skip
+        raise StudyFileError(_not_found(spec, ref)) from None
     except DatabaseUnreachable:
         raise
     except optuna.exceptions.StorageInternalError as err:
@@ -52,6 +55,24 @@ def open_study(spec: StudySpec, ref: StorageRef) -> optuna.Study:
     search.check_direction(study, spec)  # a file whose objectives changed would misread it
     search.check_metric(study, spec)
     return study
+
+
+def _not_found(spec: StudySpec, ref: StorageRef) -> str:
+    """Where the study was looked for, and where else it may be; a launch is suggested only when
+    this file has never been launched (it would otherwise start a second copy)."""
+    from pathlib import Path
+
+    from hpo import launches
+
+    where = f"{spec.source}: study.name: no study {spec.study.name!r} in {mask(str(ref))}"
+    last = launches.recorded(Path(spec.source), spec.study.name)
+    if last is None:
+        return (
+            f"{where}; this file has no recorded launch ({launches.registry_path()}): run `hpo launch` first"
+        )
+    if last["storage"] == str(ref):
+        return f"{where}, where its last launch ({last['at']}) put it: the study was deleted, or the storage moved"
+    return f"{where}; its last launch ({last['at']}) used {mask(last['storage'])}: --storage {mask(last['storage'])} reaches it"
 
 
 def _unreachable(spec: StudySpec, ref: StorageRef, err: BaseException) -> NotReadyError:
@@ -78,7 +99,20 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
     # What the trials measured of themselves (the built-in trainer): shown once any trial has it.
     measured = any(record.ATTR_DATA_WAIT in t.user_attrs for t in trials)
     extra = ("data wait", "img/s/GPU", "peak MiB") if measured else ()
-    header = ("#", "state", "epoch", spec.study.metric, "job", "elapsed", unit, *extra, "params / reason")
+    # The other metrics the user's objective reported: each one's value at the trial's last step.
+    others = sorted({name for t in trials for name in t.user_attrs.get(record.ATTR_METRICS, {})})
+    header = (
+        "#",
+        "state",
+        "epoch",
+        spec.study.metric,
+        *others,
+        "job",
+        "elapsed",
+        unit,
+        *extra,
+        "params / reason",
+    )
     rows: list[tuple[str, ...]] = [header]
     front = {t.number for t in record.pareto_front(study, spec)}
     for t in trials:
@@ -104,6 +138,7 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
             "INFEASIBLE" if infeasible else t.state.name,
             str(last_epoch),
             "-" if value is None else f"{value:.4f}",
+            *(_last_of(t, name) for name in others),
             str(t.user_attrs.get(record.ATTR_JOB_ID, "-")),
             "-" if elapsed is None else f"{float(elapsed):.0f}s",
             accounting.format_hours(cost.of(cost.per_trial[t.number])) if t.number in cost.per_trial else "-",
@@ -114,9 +149,21 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
     lines.append(cost_line(cost))
+    mismatched = {t.number: last for t in trials if (last := record.steps_mismatch(t, spec)) is not None}
+    if mismatched and spec.objective is not None:
+        lines.append(
+            f"warning: {spec.source}: objective.steps is {spec.objective.steps}, but "
+            + ", ".join(f"trial {n} reported up to step {last}" for n, last in mismatched.items())
+            + ": the pruner takes objective.steps for a full run's last step"
+        )
     lines.extend(input_lines(spec, trials))
     lines.extend(ending_lines(spec, study, cost))
     return lines
+
+
+def _last_of(trial: optuna.trial.FrozenTrial, name: str) -> str:
+    value = record.other_metric(trial, name)
+    return "-" if value is None else f"{value:.4g}"
 
 
 INPUT_BOUND_SHARE = 0.3
@@ -273,17 +320,29 @@ def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
         lines.append(
             "(the command trains with the final params from the start; it does not replay PBT's schedule)"
         )
-    lines += objective_lines(spec, best) if config is None else ["train it: " + full_training_command(config)]
+    threads = int(best.user_attrs.get(record.ATTR_THREADS, spec.resources.cpus_per_task))
+    if config is None:
+        lines += objective_lines(spec, best)
+    else:
+        lines.append("train it: " + full_training_command(config, threads))
     return lines
 
 
 def objective_lines(spec: StudySpec, best: optuna.trial.FrozenTrial) -> list[str]:
     """How to run the best configuration of the user's own objective by hand."""
-    command = objective_command(spec, best)
     if spec.objective is not None and spec.objective.function is not None:
+        command = objective_command(spec, best)
         return [f"call it: {command}  (in {spec.objective_cwd}; trial: hpo.trial, run alone)"]
     fresh = spec.workdir / "rerun" / f"trial-{best.number}"
-    return [f"run it (in {spec.objective_cwd}; checkpoints in a fresh folder, {fresh}):", "  " + command]
+    return [
+        f"run it (checkpoints in a fresh folder, {fresh}):",
+        f"  {rerun_line(spec, best)}",
+    ]
+
+
+def rerun_line(spec: StudySpec, best: optuna.trial.FrozenTrial) -> str:
+    """The command of a command objective's trial, from its folder: pasted anywhere, it runs."""
+    return f"cd {shlex.quote(spec.objective_cwd)} && {objective_command(spec, best)}"
 
 
 def objective_command(spec: StudySpec, best: optuna.trial.FrozenTrial) -> str:
@@ -303,14 +362,25 @@ def objective_command(spec: StudySpec, best: optuna.trial.FrozenTrial) -> str:
         "python": spec.resources.python or sys.executable,
     }
     argv = render(objective.command or [], values)
-    environment = [f"{name}={value}" for name, value in objective.env.items()]
-    return shlex.join([*(["env", *environment] if environment else []), *argv])
+    # What the trial's process had that made its value: its threads, and, for a script that reads
+    # its parameters through the trial API (a parameter its command does not pass), the parameters.
+    environment = {
+        "OMP_NUM_THREADS": str(best.user_attrs.get(record.ATTR_THREADS, spec.resources.cpus_per_task))
+    }
+    passed = {name for element in objective.command or [] for name in placeholders(element)}
+    if any(name not in passed for name in best.params):
+        environment[client.ENV_PARAMS] = json.dumps(best.params)
+        environment[client.ENV_CHECKPOINT_DIR] = str(fresh / "checkpoint")
+    environment.update(objective.env)
+    return shlex.join(["env", *(f"{name}={value}" for name, value in environment.items()), *argv])
 
 
-def full_training_command(config: TrainConfig) -> str:
-    """``python -m trainer`` with every setting that differs from the trainer's defaults."""
+def full_training_command(config: TrainConfig, threads: int) -> str:
+    """``python -m trainer`` with every setting that differs from the trainer's defaults, each float
+    in its exact shortest form, with the trial's thread count: the trial's values to the last digit
+    (on the machine it ran on)."""
     defaults = TrainConfig()
-    words = ["python", "-m", "trainer"]
+    words = [f"OMP_NUM_THREADS={threads}", "python", "-m", "trainer"]
     for field in dataclasses.fields(TrainConfig):
         value = getattr(config, field.name)
         if field.name in RUNTIME_ONLY_FIELDS and field.name != "num_workers":
@@ -321,7 +391,7 @@ def full_training_command(config: TrainConfig) -> str:
         if isinstance(value, bool):
             words.append(flag if value else "--no-" + field.name.replace("_", "-"))
         else:
-            words += [flag, f"{value:.6g}" if isinstance(value, float) else str(value)]
+            words += [flag, repr(value) if isinstance(value, float) else str(value)]
     return " ".join(shlex.quote(word) for word in words)
 
 
@@ -434,17 +504,67 @@ def _trial(spec: StudySpec, study: optuna.Study, number: int) -> optuna.trial.Fr
     return trial
 
 
+def _log_path(spec: StudySpec, trial: optuna.trial.FrozenTrial, stderr: bool) -> Path:
+    job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
+    if job_id is None:
+        raise LaunchError(f"trial {trial.number} ({trial.state.name}) never started in a job: it has no log")
+    if trial.user_attrs.get(record.ATTR_EXECUTOR) == "ray":
+        raise LaunchError(
+            f"trial {trial.number} ran in Ray job {job_id}: its log is under {spec.workdir / 'ray_results'}"
+        )
+    paths = JobPaths(executors.jobs_folder(spec) / "%j", str(job_id), 0)
+    return Path(paths.stderr if stderr else paths.stdout)
+
+
+FOLLOW_POLL_S = 0.5
+
+
+def follow_log(
+    spec: StudySpec, study: optuna.Study, number: int, stderr: bool, write: Callable[[str], Any]
+) -> None:
+    """`hpo logs -f`: the output so far, then each new line as the job writes it, until the trial
+    has ended and its output is quiet (or Ctrl-C). A trial whose job has not started yet is waited
+    for."""
+    trial = _trial(spec, study, number)
+    while record.ATTR_JOB_ID not in trial.user_attrs and not trial.state.is_finished():
+        time.sleep(FOLLOW_POLL_S)  # asked, not yet submitted
+        trial = record.read_trial(study, record.trial_id(trial))
+    path = _log_path(spec, trial, stderr)
+    offset, quiet_since, waiting_said = 0, None, False
+    while True:
+        try:
+            with open(path, "rb") as log:
+                log.seek(offset)
+                chunk = log.read()
+        except FileNotFoundError:
+            chunk = b""
+            if not waiting_said and not trial.state.is_finished():
+                write(f"[waiting for job {trial.user_attrs[record.ATTR_JOB_ID]} to start: {path}]\n")
+                waiting_said = True
+        if chunk:
+            offset += len(chunk)
+            write(chunk.decode(errors="replace"))
+            quiet_since = None
+        elif trial.state.is_finished():
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since > 2 * FOLLOW_POLL_S:  # what it wrote while exiting
+                write(f"[trial {number} {trial.state.name}]\n")
+                return
+        time.sleep(FOLLOW_POLL_S)
+        trial = record.read_trial(study, record.trial_id(trial))
+
+
 def trial_log(spec: StudySpec, study: optuna.Study, number: int, stderr: bool) -> str:
     """The Slurm (or local) output of trial ``number``'s job, rank 0's."""
     trial = _trial(spec, study, number)
     job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
     executor = trial.user_attrs.get(record.ATTR_EXECUTOR)
-    if job_id is None:
-        raise LaunchError(f"trial {number} ({trial.state.name}) never started in a job: it has no log")
-    if executor == "ray":
-        return f"trial {number} ran in Ray job {job_id}: its log is under {spec.workdir / 'ray_results'}"
-    paths = JobPaths(executors.jobs_folder(spec) / "%j", str(job_id), 0)
-    path = paths.stderr if stderr else paths.stdout
+    try:
+        path = _log_path(spec, trial, stderr)
+    except LaunchError as err:
+        if executor == "ray":
+            return str(err)
+        raise
     try:
         text = path.read_text(errors="replace")
     except OSError as err:

@@ -85,6 +85,7 @@ def submit(spec: StudySpec, launch: Callable[[], int], argv: list[str]) -> str:
             params[key] = value
     executor.update_parameters(**params)
     job = executor.submit(DetachedLaunch(launch, argv, str(Path.cwd())))
+    executors.remove_unnamed_folder(folder)
     return str(job.job_id)
 
 

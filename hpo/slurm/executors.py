@@ -7,6 +7,7 @@ job handles from stored job ids when a launcher resumes a study.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pwd
@@ -66,6 +67,13 @@ _SLURM_MAY_REQUEUE = {"NODE_FAIL", "PREEMPTED"}
 
 def jobs_folder(spec: StudySpec) -> Path:
     return spec.workdir / "jobs"
+
+
+def remove_unnamed_folder(folder: Path) -> None:
+    """submitit writes a submission under ``<folder>/%j`` before the job has an id, and leaves that
+    folder behind, literally named ``%j``: removed once empty."""
+    with contextlib.suppress(OSError):
+        (folder / "%j").rmdir()
 
 
 def make_executor(

@@ -45,7 +45,7 @@ class Trial:
         number: int | None,
         params: Mapping[str, Any],
         checkpoint_dir: str | None,
-        ask: Callable[[int, float], bool] | None,
+        ask: Callable[[int, float, dict[str, float]], bool] | None,
     ) -> None:
         self.key = key
         self.number = number
@@ -69,14 +69,15 @@ class Trial:
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
-    def report(self, step: int, value: float) -> bool:
+    def report(self, step: int, value: float, **metrics: float) -> bool:
         """Report the metric at ``step`` (an epoch); True means stop now (the trial is pruned).
+        Other metrics of the step (``loss=0.31``) are kept with the trial; the study reads ``value``.
 
         Under ``torch.distributed`` call it on every rank: rank 0 reports, and the decision is
         the same on every rank when it returns."""
         stop = False
         if _rank() == 0 and self._ask is not None:
-            stop = self._ask(int(step), float(value))
+            stop = self._ask(int(step), float(value), {k: float(v) for k, v in metrics.items()})
         return share_decision(stop)
 
 
@@ -116,8 +117,9 @@ class _SocketChannel:
         self._socket = socket.socket(fileno=fd)
         self._replies = self._socket.makefile("r", encoding="utf-8")
 
-    def __call__(self, step: int, value: float) -> bool:
-        self._socket.sendall((json.dumps({"step": step, "value": value}) + "\n").encode())
+    def __call__(self, step: int, value: float, metrics: dict[str, float]) -> bool:
+        message = {"step": step, "value": value, **({"metrics": metrics} if metrics else {})}
+        self._socket.sendall((json.dumps(message) + "\n").encode())
         reply = self._replies.readline().strip()
         if not reply:
             raise ConnectionError("the trial's job closed its channel (it is stopping this trial)")
@@ -173,8 +175,8 @@ def checkpoint_dir(default: str | os.PathLike[str] = "checkpoint") -> Path:
     return current().checkpoint_dir(default)
 
 
-def report(step: int, value: float) -> bool:
-    return current().report(step, value)
+def report(step: int, value: float, **metrics: float) -> bool:
+    return current().report(step, value, **metrics)
 
 
 def number() -> int | None:

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from hpo import record
 from hpo.config.command import render
 from hpo.paths import checkpoint_dir, private_dir, trial_dir
 from hpo.trial import client
@@ -77,6 +78,9 @@ class CommandObjective:
         }
         argv = render(spec.objective.command, values)
         env = {**os.environ, **trial_environment(spec, trial_key, params, checkpoints)}
+        # As many threads as the job has CPUs (torch and numpy would take every core of the node),
+        # and the number `hpo best` sets when it prints the command again.
+        env.setdefault("OMP_NUM_THREADS", str(spec.resources.cpus_per_task))
         if spec.resources.world_size > 1:
             env.update(_torch_rank_environment())
         with _Command(argv, spec.objective_cwd, env, channel=reporter is not None) as command:
@@ -118,6 +122,8 @@ class _Command:
 
     def __init__(self, argv: list[str], cwd: str, env: dict[str, str], *, channel: bool) -> None:
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.metrics: dict[str, dict[str, float]] = {}
+        """The other metrics reported (hpo.record.ATTR_METRICS)."""
         self.last_line = {"stdout": "", "stderr": ""}
         self.stopped_by_us = False
         self._terminated = threading.Event()
@@ -172,6 +178,18 @@ class _Command:
                 signal.signal(signal.SIGTERM, self._previous_sigterm)
 
     def run(self, spec: StudySpec, reporter: StepReporter | None, stop_file: Path) -> ObjectiveResult:
+        result = self._run(spec, reporter, stop_file)
+        if self.metrics:
+            result.attrs[record.ATTR_METRICS] = self.metrics
+        return result
+
+    def _keep(self, step: int, metrics: dict[str, Any]) -> None:
+        for name, raw in metrics.items():
+            value = raw if isinstance(raw, float | int) else _number(raw)
+            if value is not None and math.isfinite(float(value)):
+                self.metrics.setdefault(name, {})[str(step)] = float(value)
+
+    def _run(self, spec: StudySpec, reporter: StepReporter | None, stop_file: Path) -> ObjectiveResult:
         assert spec.objective is not None
         objective = spec.objective
         pattern = re.compile(objective.metric_pattern) if objective.metric_pattern else None
@@ -195,13 +213,17 @@ class _Command:
                     value = _number(found.group("value"))
                     step = _step(found, stored_steps + reports + 1)
                     if value is not None and step is not None and stop_asked_at is None:
+                        self._keep(
+                            step, {k: v for k, v in found.groupdict().items() if k not in ("value", "step")}
+                        )
                         reports, last = reports + 1, value
                         if _decide(reporter, spec, step, value) == Decision.STOP:
                             stop_file.touch()
                             self.stop(objective.stop_grace_s)
                             return ObjectiveResult(value=value, pruned=True)
             elif kind == "report" and reporter is not None:
-                step, value = payload
+                step, value, metrics = payload
+                self._keep(step, metrics)
                 if stop_asked_at is not None or value is None:
                     # Told to stop already (its later reports change nothing), or not a number.
                     self._reply(client.STOP if stop_asked_at is not None else client.CONTINUE)
@@ -316,12 +338,13 @@ class _Command:
                 try:
                     message = json.loads(line)
                     step, value = int(message["step"]), float(message["value"])
-                    self.events.put(("report", (step, value if math.isfinite(value) else None)))
+                    metrics = dict(message.get("metrics") or {})
+                    self.events.put(("report", (step, value if math.isfinite(value) else None, metrics)))
                 except (ValueError, KeyError, TypeError):
                     print(
                         f"hpo.trial: ignored a malformed report {line.strip()!r}", file=sys.stderr, flush=True
                     )
-                    self.events.put(("report", (0, None)))  # its sender waits for an answer
+                    self.events.put(("report", (0, None, {})))  # its sender waits for an answer
 
     def _reply(self, word: str) -> None:
         assert self._ours is not None

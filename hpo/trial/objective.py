@@ -9,8 +9,10 @@ stands in for training when only dispatch is measured.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
+import sys
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -93,6 +95,7 @@ class TrainerObjective:
         from trainer import train
 
         torch.set_num_threads(spec.resources.cpus_per_task)
+        _trainer_log_to_stdout()
         profiled = isinstance(trial_key, int) and trial_key < spec.study.profile_trials
         config = spec.trainer_config(
             params,
@@ -139,6 +142,18 @@ class TrainerObjective:
         )
 
 
+def _trainer_log_to_stdout() -> None:
+    """The trainer's epoch lines in the job's output (`hpo logs`), as `python -m trainer` prints
+    them; in a trial process nothing else configures logging, and INFO would be dropped."""
+    logger = logging.getLogger("trainer")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("[trainer] %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 @dataclasses.dataclass
 class FunctionObjective:
     """``objective.function``: the user's function, called in this process as ``fn(params, trial)``
@@ -152,10 +167,13 @@ class FunctionObjective:
         function = import_function(spec.objective.function, spec.objective_cwd)
         stopped: list[float] = []
         last: list[float] = []
+        metrics: dict[str, dict[str, float]] = {}
 
-        def ask(step: int, value: float) -> bool:
+        def ask(step: int, value: float, others: dict[str, float]) -> bool:
             assert reporter is not None
             last[:] = [value]
+            for name, other in others.items():
+                metrics.setdefault(name, {})[str(step)] = other
             decision = reporter.report(StepReport(epoch=step, values={spec.study.metric: value}))
             stop = stop_at(spec, step, decision or Decision.CONTINUE) == Decision.STOP
             if stop:
@@ -181,14 +199,17 @@ class FunctionObjective:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = old
+        kept = {record.ATTR_METRICS: metrics} if metrics else {}
         if stopped:
-            return ObjectiveResult(value=stopped[-1], pruned=True)
+            return ObjectiveResult(value=stopped[-1], pruned=True, attrs=kept)
         if reporter is None:  # another rank of a DDP trial: rank 0's value counts
             return ObjectiveResult(value=float("nan"), pruned=False)
         if value is None and not last:
             raise ObjectiveFailed(f"{spec.objective.function} returned None and reported nothing")
         try:
-            return ObjectiveResult(value=float(value if value is not None else last[-1]), pruned=False)
+            return ObjectiveResult(
+                value=float(value if value is not None else last[-1]), pruned=False, attrs=kept
+            )
         except (TypeError, ValueError):
             raise ObjectiveFailed(
                 f"{spec.objective.function} returned {value!r}, not a number (the final metric)"

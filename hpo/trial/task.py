@@ -135,6 +135,7 @@ def run_attached(
         {
             record.ATTR_STARTED_AT: record.now_iso(),
             **({record.ATTR_RESTARTS: restarts} if restarts else {}),
+            record.ATTR_THREADS: compute_threads(spec),
             **job_identity(),
         },
     )
@@ -171,6 +172,16 @@ def run_attached(
         state = "COMPLETE"
     print(f"trial {trial.number} {state}: {spec.study.metric}={result.value:.4f}", flush=True)
     return {"rank": 0, "state": state, "value": result.value}
+
+
+def compute_threads(spec: StudySpec) -> int:
+    """The CPU threads of the trial's computation: the trainer sets torch's to ``cpus_per_task``;
+    a command runs with OMP_NUM_THREADS (its own, else ``cpus_per_task``, set for it)."""
+    if spec.objective is not None and spec.objective.command is not None:
+        own = spec.objective.env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+        if own and own.isdigit():
+            return int(own)
+    return spec.resources.cpus_per_task
 
 
 def _requeue_under_way(err: BaseException) -> bool:

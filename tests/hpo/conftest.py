@@ -240,8 +240,8 @@ def trials_or_none(document: dict[str, Any], storage: str) -> list[Any] | None:
 
     try:
         return load_trials(document, storage)
-    except (KeyError, sqlalchemy.exc.DBAPIError, optuna.exceptions.StorageInternalError):
-        # The launcher has not created the schema or the study yet (Optuna's RDBStorage creates
+    except (KeyError, FileNotFoundError, sqlalchemy.exc.DBAPIError, optuna.exceptions.StorageInternalError):
+        # The launcher has not created the journal, the schema or the study yet (Optuna's RDBStorage creates
         # its alembic_version table on every start, so a reader may also race the launcher's DDL).
         return None
 

@@ -84,7 +84,7 @@ def test_local_executor_runs_a_study_with_pruning(tmp_path: Path, fashion_mnist_
     assert best_cmd.returncode == 0, best_cmd.stderr
     assert f"best trial {best.number}:" in best_cmd.stdout
     assert f"held-out test_accuracy={best.user_attrs['test_accuracy']:.4f}" in best_cmd.stdout
-    assert "train it: python -m trainer --model resnet8" in best_cmd.stdout
+    assert "train it: OMP_NUM_THREADS=1 python -m trainer --model resnet8" in best_cmd.stdout
 
 
 def test_slurm_executor_runs_trials_as_slurm_jobs_with_postgresql(

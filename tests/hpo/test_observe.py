@@ -67,7 +67,7 @@ def test_report_holds_every_plot_and_every_trial(
         assert image.width >= 400 and image.height >= 300, plot
     assert "<p class='note'>not available" not in page
     assert page.count('class="plotly-graph-div"') == len(PLOTS)
-    assert "train it: python -m trainer " in page and "pruning saved" in page
+    assert "train it: OMP_NUM_THREADS=1 python -m trainer " in page and "pruning saved" in page
     # Pruned trials are drawn as such: their curves end with an "x" marker.
     assert any(t.state.name == "PRUNED" for t in trials)
     assert re.search(r'"symbol":\[("circle",)*"x"\]', page)
