@@ -8,6 +8,9 @@ too small, a database that does not answer, an optional extra not installed), 13
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 EXIT_RUNTIME = 1
 EXIT_BAD_INPUT = 2
 EXIT_NOT_READY = 3
@@ -36,6 +39,19 @@ class NotReadyError(RuntimeError):
 
 class LaunchError(RuntimeError):
     """The study could not run to the end for a reason outside the study file (exit status 1)."""
+
+
+@contextlib.contextmanager
+def optional_extra(needed_by: str, hint: str | None = None) -> Iterator[None]:
+    """Imports of an optional extra (Ray, optuna-dashboard, the report's plotting): a missing one is
+    "not ready" (exit 3), naming what needs it and how to install it (default: pip install it)."""
+    try:
+        yield
+    except ImportError as err:
+        missing = err.name or str(err)
+        raise NotReadyError(
+            f"{needed_by} needs {missing}, which is not installed", hint or f"pip install {missing}"
+        ) from None
 
 
 def exit_status(err: BaseException) -> int:

@@ -40,44 +40,63 @@ from hpo import failures
 if TYPE_CHECKING:
     from hpo.config import StudySpec
 
-# Trial user attributes written by the service (shown by `hpo status` and optuna-dashboard).
+# --------------------------------------------------------------------------------------------------
+# Trial user attributes written by the service (shown by `hpo status` and optuna-dashboard)
+# --------------------------------------------------------------------------------------------------
+
+# Where and when the trial ran.
 ATTR_JOB_ID = "job_id"
 ATTR_EXECUTOR = "executor"
+ATTR_JOB_KIND = "job_kind"
+"""slurm or local: where a --workers worker (executor "worker") runs."""
 ATTR_JOB_FOLDER = "job_folder"
 ATTR_NODES = "nodes"
-ATTR_ELAPSED_S = "elapsed_s"
-ATTR_FAIL_REASON = "fail_reason"
 ATTR_ASKED_AT = "asked_at"
 ATTR_STARTED_AT = "started_at"
 ATTR_FINISHED_AT = "finished_at"
-ATTR_EPOCHS = "epochs_completed"
-ATTR_IMAGES_PER_S = "images_per_s"
-# Accuracy on the held-out test images (trainer.test_held_out), for the completed trials.
-ATTR_TEST_ACCURACY = "test_accuracy"
-ATTR_SURPLUS = "surplus"
-ATTR_NOT_RUN = "not_run"
-"""Set on a trial closed before its job was submitted (a submission that failed, a launcher stopped
-between ask and submit, a cancel in between): FAIL with its reason, not counted, not retried."""
+ATTR_ELAPSED_S = "elapsed_s"
+ATTR_GPU_HOURS = "gpu_hours"
+ATTR_CPU_HOURS = "cpu_hours"
 ATTR_THREADS = "threads"
 """The CPU threads the trial's computation used (torch's, OMP_NUM_THREADS): they change the last
 digits of its values, so the command `hpo best` prints sets them."""
-ATTR_JOB_KIND = "job_kind"
-"""slurm or local: where a --workers worker (executor "worker") runs."""
+ATTR_RESTARTS = "restarts"
+"""How many times Slurm requeued the trial's job (preemption, time limit, node failure)."""
+ATTR_RESUMED_FROM = "resumed_from_epoch"
+"""The epoch whose checkpoint the trial's last run resumed from (after a requeue, or a retry)."""
+
+# How it ended, and whether it counts.
+ATTR_FAIL_REASON = "fail_reason"
 ATTR_INFEASIBLE = "infeasible"
 """Set on a trial that ran out of memory (see tell_infeasible)."""
-ATTR_GPU_HOURS = "gpu_hours"
+ATTR_SURPLUS = "surplus"
+"""Set on a trial asked beyond the budget (two workers asking for the last slot) and closed unrun."""
+ATTR_NOT_RUN = "not_run"
+"""Set on a trial closed before its job was submitted (a submission that failed, a launcher stopped
+between ask and submit, a cancel in between): FAIL with its reason, not counted, not retried."""
+ATTR_RETRY_OF = "retry_of"
+"""The number of the failed trial a retry repeats."""
+ATTR_IMPORTED_FROM = "imported_from"
+"""A trial imported from an earlier study by a warm start ("study name"): the sampler learns from
+it; it was not run here, so it counts in neither the trial budget nor the compute budget, and is
+never this study's best."""
+
+# What it measured.
+ATTR_EPOCHS = "epochs_completed"
+ATTR_IMAGES_PER_S = "images_per_s"
+ATTR_TEST_ACCURACY = "test_accuracy"
+"""Accuracy on the held-out test images (trainer.test_held_out), for the completed trials."""
 ATTR_EPOCH_TIME_S = "epoch_time_s"
 """Mean seconds per epoch (training and validation) of the trial's last run."""
 ATTR_EPOCH_SECONDS = "epoch_seconds"
 """[training, validation] seconds of each epoch in order, a resumed run's checkpointed epochs
 included: what the replay benchmark's clock runs on."""
+ATTR_CURVE = "epoch_values"
+"""{epoch: metric} after each epoch, in a multi-objective study (which takes no intermediate values)."""
 ATTR_METRICS = "metrics"
 """Every other metric a trial of the user's objective reported, per step: {name: {step: value}}
 (the named groups of ``metric_pattern`` beside ``value`` and ``step``; keyword arguments of
 ``hpo.trial.report``)."""
-ATTR_CURVE = "epoch_values"
-"""{epoch: metric} after each epoch, in a multi-objective study (which takes no intermediate values)."""
-ATTR_CPU_HOURS = "cpu_hours"
 # What a built-in trainer trial measured of itself, over the epochs it trained (measurement_attrs).
 ATTR_DATA_WAIT = "data_wait_share"
 """Share of the training steps' time spent waiting for the next batch (and copying it in)."""
@@ -101,45 +120,49 @@ MEASUREMENT_ATTRS = (
     ATTR_TRACE,
 )
 """What a trial measured of itself (summary.json's ``measurements``)."""
-ATTR_RESUMED_FROM = "resumed_from_epoch"
-"""The epoch whose checkpoint the trial's last run resumed from (after a requeue, or a retry)."""
-ATTR_RESTARTS = "restarts"
-"""How many times Slurm requeued the trial's job (preemption, time limit, node failure)."""
-# Trial system attributes of a retry: the names Optuna's RetryHeartbeatStaleTrialCallback uses.
-SYSTEM_ATTR_FAILED_TRIAL = "failed_trial"
-SYSTEM_ATTR_RETRY_HISTORY = "retry_history"
-REASON_CANCELLED = "cancelled by hpo cancel"
-REASON_NO_PROGRESS = "no epoch finished between requeues"
-REASON_STOPPED_FAILING = "stopped with the launch: its first trials failed the same way"
-# Study user attributes.
-STUDY_ATTR_CANCEL = "hpo_cancel_requested_at"
-STUDY_ATTR_CANCEL_SEEN = "hpo_cancel_seen_at"
-"""The cancel request a launcher has seen and obeys: it submits nothing more."""
-STUDY_ATTR_RAY_JOB = "hpo_ray_job"
-STUDY_ATTR_RAY_JOBS = "hpo_ray_jobs"
-"""The Slurm job id of a Ray-backed study's allocation."""
-STUDY_ATTR_ENQUEUED = "hpo_enqueued"
-STUDY_ATTR_DEFINITION = "hpo_definition"
-"""What gives the study's values their meaning (hpo.search.definition): a relaunch is checked
-against it."""
-ATTR_RETRY_OF = "retry_of"
-# A trial imported from an earlier study by a warm start ("study name"): the sampler learns from it;
-# it was not run here, so it counts in neither the trial budget nor the compute budget, and is never
-# this study's best.
-ATTR_IMPORTED_FROM = "imported_from"
-# The study's compute budget spent, as the launcher last measured it (GPU- or CPU-hours), and why
-# the study stopped before its budget (a stop rule), with what that saved.
-STUDY_ATTR_SPENT = "hpo_spent_hours"
-STUDY_ATTR_STOPPED = "hpo_stopped"
-STUDY_ATTR_WARM_STARTED = "hpo_warm_started_from"
-STUDY_ATTR_SET_UP_FAILURES = "hpo_set_up_failures"
-"""The trials a launch stopped on (``hpo.budget.failing``) and those it cut short: kept, but not
-counted in the trial budget (the launch after the fix runs every trial of ``n_trials``)."""
-"""The number of the failed trial a retry repeats."""
 # Population Based Training (Ray backend): what PBT changed, and the values a member ended with.
 ATTR_SCHEDULE = "pbt_schedule"
 ATTR_FINAL_PARAMS = "pbt_final_params"
+
+# Trial system attributes of a retry: the names Optuna's RetryHeartbeatStaleTrialCallback uses.
+SYSTEM_ATTR_FAILED_TRIAL = "failed_trial"
+SYSTEM_ATTR_RETRY_HISTORY = "retry_history"
+# The constraint an infeasible (out of memory) trial violates.
 CONSTRAINT_MEMORY = "out_of_memory"
+
+# Fail reasons the service writes, by their first words.
+REASON_CANCELLED = "cancelled by hpo cancel"
+REASON_NO_PROGRESS = "no epoch finished between requeues"
+REASON_STOPPED_FAILING = "stopped with the launch: its first trials failed the same way"
+
+# --------------------------------------------------------------------------------------------------
+# Study user attributes
+# --------------------------------------------------------------------------------------------------
+
+STUDY_ATTR_DEFINITION = "hpo_definition"
+"""What gives the study's values their meaning (hpo.search.definition): a relaunch is checked
+against it."""
+STUDY_ATTR_ENQUEUED = "hpo_enqueued"
+"""Set once the study file's enqueued parameter sets were added: a relaunch adds them no second time."""
+STUDY_ATTR_WARM_STARTED = "hpo_warm_started_from"
+"""The studies a warm start imported trials from."""
+STUDY_ATTR_CANCEL = "hpo_cancel_requested_at"
+"""When `hpo cancel` last ran (unix time): launchers and workers started before it take no trial."""
+STUDY_ATTR_CANCEL_SEEN = "hpo_cancel_seen_at"
+"""The cancel request a launcher has seen and obeys: it submits nothing more."""
+STUDY_ATTR_RAY_JOB = "hpo_ray_job"
+"""The Slurm job id of a Ray-backed study's latest allocation."""
+STUDY_ATTR_RAY_JOBS = "hpo_ray_jobs"
+"""Every Slurm allocation the Ray-backed study ran in (its compute budget counts their hours)."""
+STUDY_ATTR_SPENT = "hpo_spent_hours"
+"""The study's compute budget spent, as the launcher last measured it (GPU- or CPU-hours)."""
+STUDY_ATTR_STOPPED = "hpo_stopped"
+"""Why the study stopped before its budget (a stop rule, or a launch whose first trials failed the
+same way), with what that saved."""
+STUDY_ATTR_SET_UP_FAILURES = "hpo_set_up_failures"
+"""The trials a launch stopped on (``hpo.budget.failing``) and those it cut short: kept, but not
+counted in the trial budget (the launch after the fix runs every trial of ``n_trials``)."""
+
 # Failures that a retry cannot help: the user stopped the study; the job's time limit is too short.
 _NOT_RETRIED_PREFIXES = (REASON_CANCELLED, REASON_NO_PROGRESS, REASON_STOPPED_FAILING)
 

@@ -20,7 +20,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 
 from hpo import record
 from hpo.config import RAY_ONLY_PRUNERS
-from hpo.errors import NotReadyError, StudyFileError, one_line
+from hpo.errors import StudyFileError, one_line, optional_extra
 from trainer.config import ADDED_SETTINGS, TrainConfig
 
 if TYPE_CHECKING:
@@ -106,14 +106,10 @@ def _construct(cls: Callable[..., Any], options: dict[str, Any], where: str) -> 
         if key not in valid:
             raise StudyFileError(f"{where}.{key}: unknown option; valid options: {', '.join(valid)}")
     try:
-        return cls(**options)
+        with optional_extra(where):  # a sampler that imports its package when made (cmaes...)
+            return cls(**options)
     except (TypeError, ValueError) as err:
         raise StudyFileError(f"{where}: {one_line(err, name=False)}") from None
-    except ImportError as err:
-        raise NotReadyError(
-            f"{where}: needs a package that is not installed: {err.name or err}",
-            f"pip install {err.name or err}",
-        ) from None
 
 
 def validate_optuna_settings(spec: StudySpec) -> None:

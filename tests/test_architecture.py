@@ -132,3 +132,12 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     # The checks above pass on a graph without cycles; this one shows they would fail on one.
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_record_reads_and_writes_and_runs_nothing() -> None:
+    """`hpo/record.py` is the layer under dispatch, the trial's job and the views: it imports none
+    of them (what it needs of a fail reason is `hpo/failures.py`'s, which imports nothing of hpo)."""
+    above = ("hpo.dispatch", "hpo.observe", "hpo.trial", "hpo.slurm", "hpo.budget", "hpo.commands")
+    graph = _graph()
+    assert not [t for t in graph["hpo.record"] if t.startswith(above)], graph["hpo.record"]
+    assert not [t for t in graph["hpo.failures"] if t.startswith("hpo")], graph["hpo.failures"]

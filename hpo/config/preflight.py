@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpo.errors import NotReadyError, StudyFileError, one_line
+from hpo.errors import NotReadyError, StudyFileError, one_line, optional_extra
 
 if TYPE_CHECKING:
     from hpo.config.schema import StudySpec
@@ -117,14 +117,11 @@ def check_ray_settings(spec: StudySpec) -> None:
     from hpo.dispatch.ray import ddp_trial, population
     from hpo.dispatch.ray.driver import RAY_PRUNERS
 
-    try:
+    with optional_extra(
+        "the Ray backend", "pip install 'slurm-hpo[ray]' (ray[default,tune]), or use study.backend: optuna"
+    ):
         import ray  # noqa: F401
         from ray import tune  # noqa: F401
-    except ImportError:
-        raise NotReadyError(
-            "the Ray backend needs Ray Tune, which is not installed",
-            "pip install 'slurm-hpo[ray]' (ray[default,tune]), or use study.backend: optuna",
-        ) from None
     if spec.study.pruner.name not in RAY_PRUNERS:
         raise StudyFileError(
             f"{spec.source}: study.pruner.name: {spec.study.pruner.name!r} has no Ray Tune scheduler; "

@@ -1,4 +1,4 @@
-"""Study files: their schema, ``${VAR}`` interpolation, ``--set`` overrides and strict validation.
+"""Study files: their schema and strict validation (``${VAR}`` and ``--set`` are ``loading.py``'s).
 
 A study file has these sections::
 
@@ -799,9 +799,7 @@ def _build_spec(document: dict[str, Any], source: str, study: StudySection) -> S
             "trainer.cycle_momentum",
             "OneCycle's momentum cycle would overwrite the momentum PBT perturbs mid-run; turn one off",
         )
-    _check_enqueued(spec)
-    if study.also_minimize == "gpu_hours" and not resources.gpus_per_node:
-        raise _KeyProblem("study.also_minimize", "gpu_hours needs resources.gpus_per_node; use cpu_hours")
+    _check_whole(spec)
     return spec
 
 
@@ -873,10 +871,15 @@ def _build_objective_spec(
         objective_cwd=str(folder / Path(objective.cwd).expanduser() if objective.cwd else folder),
         warnings=warnings,
     )
-    _check_enqueued(spec)
-    if study.also_minimize == "gpu_hours" and not resources.gpus_per_node:
-        raise _KeyProblem("study.also_minimize", "gpu_hours needs resources.gpus_per_node; use cpu_hours")
+    _check_whole(spec)
     return spec
+
+
+def _check_whole(spec: StudySpec) -> None:
+    """The checks across sections that every study file takes, trainer or objective."""
+    _check_enqueued(spec)
+    if spec.study.also_minimize == "gpu_hours" and not spec.resources.gpus_per_node:
+        raise _KeyProblem("study.also_minimize", "gpu_hours needs resources.gpus_per_node; use cpu_hours")
 
 
 def _section(cls: type[_Section], data: Any, path: str) -> _Section:

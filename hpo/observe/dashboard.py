@@ -12,7 +12,7 @@ import ipaddress
 import sys
 from typing import TYPE_CHECKING
 
-from hpo.errors import LaunchError, NotReadyError, StudyFileError
+from hpo.errors import LaunchError, StudyFileError, optional_extra
 from hpo.observe.tunnel import login_host
 from hpo.storage import open_storage
 
@@ -29,12 +29,8 @@ def serve(spec: StudySpec, ref: StorageRef, study: optuna.Study, host: str, port
     """Serve the dashboard until interrupted (Ctrl-C)."""
     if not 0 < port < 65536:
         raise StudyFileError(f"--port: must be 1 to 65535, got {port}")
-    try:
+    with optional_extra("hpo dashboard", "pip install 'slurm-hpo[dashboard]'"):
         import optuna_dashboard
-    except ImportError:
-        raise NotReadyError(
-            "optuna-dashboard is not installed", "pip install 'slurm-hpo[dashboard]'"
-        ) from None
     storage = open_storage(ref, create=False, tolerance_s=0)  # a page fails fast in an outage
     if not _is_loopback(host):
         print(

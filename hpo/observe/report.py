@@ -23,7 +23,7 @@ from optuna.visualization import matplotlib as vis_mpl
 
 from hpo import record, search
 from hpo.budget import stopping
-from hpo.errors import LaunchError, NotReadyError, StudyFileError
+from hpo.errors import LaunchError, StudyFileError, optional_extra
 from hpo.observe import views
 from hpo.paths import private_dir
 from hpo.slurm import accounting
@@ -36,14 +36,11 @@ _STATE_COLORS = {"COMPLETE": "#1f77b4", "PRUNED": "#d62728", "FAIL": "#7f7f7f", 
 
 def write_report(spec: StudySpec, study: optuna.Study, out: Path) -> list[Path]:
     """Write the report into ``out``; return the files written."""
-    try:  # the report's own extra: imported here, so that the rest of hpo runs without it
+    # The report's own extra: imported here, so that the rest of hpo runs without it.
+    with optional_extra("hpo report", "pip install 'slurm-hpo[report]'"):
         import matplotlib  # noqa: F401
         import pandas  # noqa: F401
         import plotly  # noqa: F401
-    except ImportError as err:
-        raise NotReadyError(
-            f"hpo report needs {err.name}, which is not installed", "pip install 'slurm-hpo[report]'"
-        ) from None
     trials = record.own_trials(study)
     if not trials:
         raise LaunchError(f"study {spec.study.name!r} has no trial yet: nothing to report")
@@ -55,7 +52,7 @@ def write_report(spec: StudySpec, study: optuna.Study, out: Path) -> list[Path]:
     best_lines = _best_lines(spec, study)
     written = [
         _write_csv(study, out / "trials.csv"),
-        _write_summary(spec, study, trials, cost, best_lines, out / "summary.json"),
+        _write_summary(spec, study, trials, cost, out / "summary.json"),
     ]
     plots = _plots(spec, study, trials)
     images: list[Path] = []
@@ -269,6 +266,13 @@ def _write_csv(study: optuna.Study, path: Path) -> Path:
     return path
 
 
+def _command_or_none(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> str | None:
+    try:
+        return views.rerun_command(spec, trial)
+    except StudyFileError:  # the trainer section changed since: the page's best lines say so
+        return None
+
+
 def _best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
     try:
         return views.best_lines(spec, study)
@@ -281,7 +285,6 @@ def _write_summary(
     study: optuna.Study,
     trials: list[optuna.trial.FrozenTrial],
     cost: accounting.StudyCost,
-    best_lines: list[str],
     path: Path,
 ) -> Path:
     best: dict[str, Any] | None = None
@@ -292,12 +295,8 @@ def _write_summary(
             "value": trial.values[0],
             "params": trial.params,
             "job_id": trial.user_attrs.get(record.ATTR_JOB_ID),
-            "command": (
-                (views.rerun_line(spec, trial) if spec.objective.command is not None else views.objective_command(spec, trial))
-                if spec.objective is not None
-                else next((line.removeprefix("train it: ") for line in best_lines if line.startswith("train it: ")), None)
-            ),
-        }  # fmt: skip
+            "command": _command_or_none(spec, trial),
+        }
     summary = {
         "study": spec.study.name,
         "metric": spec.study.metric,

@@ -282,12 +282,7 @@ def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
         raise LaunchError(f"study {spec.study.name!r} has no completed trial yet")
     # A PBT member ends with the settings PBT gave it, on weights that may come from others.
     final = best.user_attrs.get(ATTR_FINAL_PARAMS) or best.params
-    config = None
-    if spec.objective is None:
-        try:
-            config = spec.trainer_config(final)
-        except ConfigError as err:  # the study file's trainer section changed since the trial ran
-            raise StudyFileError(f"{spec.source}: trainer: {err}") from None
+    command = rerun_command(spec, best)  # first: a trainer section changed since is bad input
     lines = []
     front = record.pareto_front(study, spec)
     if front:
@@ -320,12 +315,25 @@ def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
         lines.append(
             "(the command trains with the final params from the start; it does not replay PBT's schedule)"
         )
-    threads = int(best.user_attrs.get(record.ATTR_THREADS, spec.resources.cpus_per_task))
-    if config is None:
-        lines += objective_lines(spec, best)
+    if spec.objective is None:
+        lines.append(f"train it: {command}")
     else:
-        lines.append("train it: " + full_training_command(config, threads))
+        lines += objective_lines(spec, best)
     return lines
+
+
+def rerun_command(spec: StudySpec, best: optuna.trial.FrozenTrial) -> str:
+    """What runs the trial again by hand: the trainer's full command, a command objective's line
+    from its folder, or a function objective's call."""
+    if spec.objective is not None:
+        return rerun_line(spec, best) if spec.objective.command is not None else objective_command(spec, best)
+    final = best.user_attrs.get(ATTR_FINAL_PARAMS) or best.params
+    try:
+        config = spec.trainer_config(final)
+    except ConfigError as err:  # the study file's trainer section changed since the trial ran
+        raise StudyFileError(f"{spec.source}: trainer: {err}") from None
+    threads = int(best.user_attrs.get(record.ATTR_THREADS, spec.resources.cpus_per_task))
+    return full_training_command(config, threads)
 
 
 def objective_lines(spec: StudySpec, best: optuna.trial.FrozenTrial) -> list[str]:
@@ -342,7 +350,7 @@ def objective_lines(spec: StudySpec, best: optuna.trial.FrozenTrial) -> list[str
 
 def rerun_line(spec: StudySpec, best: optuna.trial.FrozenTrial) -> str:
     """The command of a command objective's trial, from its folder: pasted anywhere, it runs."""
-    return f"cd {shlex.quote(spec.objective_cwd)} && {objective_command(spec, best)}"
+    return f"cd {shlex.quote(os.path.normpath(spec.objective_cwd))} && {objective_command(spec, best)}"
 
 
 def objective_command(spec: StudySpec, best: optuna.trial.FrozenTrial) -> str:

@@ -148,6 +148,7 @@ def test_slurm_executor_runs_trials_as_slurm_jobs_with_postgresql(
     assert logs.returncode == 0 and "rank 0 reporting to study 'slurm-study', trial 0" in logs.stdout, (
         logs.stdout
     )
+    assert "[trainer] epoch 1/3 train_loss " in logs.stdout, logs.stdout  # the trainer's own lines
     err = run_hpo("logs", str(study_file), "0", "--err", "--storage", fresh_database)
     job = trials[0].user_attrs["job_id"]
     assert err.returncode == 0 and err.stdout == (tmp_path / f"work/jobs/{job}/{job}_0_log.err").read_text()

@@ -31,7 +31,7 @@ import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
-from hpo.errors import NotReadyError, StudyFileError
+from hpo.errors import NotReadyError, StudyFileError, optional_extra
 from hpo.paths import trial_dir
 from hpo.trial.objective import Objective, StepReport
 from trainer.reporting import Decision, EpochMetrics
@@ -61,14 +61,11 @@ def check_settings(spec: StudySpec) -> None:
         raise StudyFileError(
             f"{where}: PBT hands checkpoints between single-process trials; got {workers} processes per trial"
         )
-    try:
+    with optional_extra(
+        f"{where}: DDP trials (Ray Train with its Tune integration)", "pip install 'ray[default,tune,train]'"
+    ):
         from ray.train.torch import TorchTrainer
         from ray.tune.integration.ray_train import TuneReportCallback  # noqa: F401
-    except ImportError as err:
-        raise NotReadyError(
-            f"{where}: DDP trials need Ray Train with its Tune integration: {err}",
-            "pip install 'ray[default,tune,train]'",
-        ) from None
     if not TorchTrainer.__module__.startswith("ray.train.v2"):
         raise NotReadyError(f"{where}: DDP trials need Ray Train V2", "unset RAY_TRAIN_V2_ENABLED")
     cpus = os.cpu_count() or 1
