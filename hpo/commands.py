@@ -203,7 +203,7 @@ def _use_last_launch(request: Request, spec: StudySpec) -> None:
 
 
 def launch(request: Request, spec: StudySpec, storage: StorageRef) -> int:
-    from hpo.config import preflight
+    from hpo.dispatch import preflight
 
     executor = spec.resources.executor
     preflight.check_launch(

@@ -141,3 +141,28 @@ def test_the_record_reads_and_writes_and_runs_nothing() -> None:
     graph = _graph()
     assert not [t for t in graph["hpo.record"] if t.startswith(above)], graph["hpo.record"]
     assert not [t for t in graph["hpo.failures"] if t.startswith("hpo")], graph["hpo.failures"]
+
+
+def test_the_configuration_is_pure_input() -> None:
+    """`hpo/config` turns a study file into a StudySpec and nothing more: it imports nothing of
+    the service but the errors and the paths (the checks that need the machine or a backend are
+    `hpo/dispatch/preflight.py`'s)."""
+    allowed = ("hpo.config", "hpo.errors", "hpo.paths")
+    offenders = {
+        module: sorted(t for t in targets if t.startswith("hpo") and not t.startswith(allowed))
+        for module, targets in _graph().items()
+        if module.startswith("hpo.config")
+    }
+    assert not any(offenders.values()), offenders
+
+
+def test_dispatch_and_observe_do_not_import_each_other_both_ways() -> None:
+    """The views read what dispatch writes (the lease, the Ray rendezvous); dispatch never imports
+    the views (its live progress line is its own)."""
+    graph = _graph()
+    upward = {
+        m: sorted(t for t in ts if t.startswith("hpo.observe"))
+        for m, ts in graph.items()
+        if m.startswith("hpo.dispatch")
+    }
+    assert not any(upward.values()), upward

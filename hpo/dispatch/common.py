@@ -25,7 +25,7 @@ from hpo import failures, record, search, warm_start
 from hpo.budget import failing, stopping
 from hpo.budget.compute import BudgetGate
 from hpo.dispatch.lease import Lease
-from hpo.observe.progress import Progress
+from hpo.dispatch.progress import Progress
 from hpo.slurm import executors
 from hpo.storage import StorageRef, check_reachable
 from hpo.trial.objective import Objective

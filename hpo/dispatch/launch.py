@@ -12,8 +12,8 @@ from hpo import record, warm_start
 from hpo.dispatch import lease
 from hpo.dispatch.common import LaunchOptions, LaunchSummary, Log, open_study, queue_retries, summarize
 from hpo.dispatch.per_trial import PerTrialDispatcher
+from hpo.dispatch.progress import Progress
 from hpo.dispatch.workers import WorkerDispatcher
-from hpo.observe.progress import Progress
 from hpo.paths import private_dir
 from hpo.slurm import executors
 from hpo.storage import OutageTolerantStorage, StorageRef, mask

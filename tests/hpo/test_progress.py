@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna
 
 from hpo.config import load_study
-from hpo.observe.progress import Progress
+from hpo.dispatch.progress import Progress
 from tests.hpo.conftest import study_document, write_study
 
 

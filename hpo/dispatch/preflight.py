@@ -1,4 +1,7 @@
-"""Every check made before ``hpo launch`` creates or submits anything, in one place.
+"""The checks ``hpo launch`` makes before it creates or submits anything that need more than the
+study file: this machine, Slurm (``sinfo``, ``sacctmgr``), the backend chosen (Optuna's sampler and
+pruner settings, Ray's), optional packages, data on disk. The file's own checks (keys, types,
+bounds, what sections allow together) are ``hpo.config``'s, made when it is loaded.
 
 Two kinds of problem come out of here. What the study file, an override or an option asks for
 that cannot be done is bad input (:class:`StudyFileError`, exit 2). What this machine or a service
