@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 # torch is pinned where it is installed: a range that admits a newer release pulls several GB.
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: setup system-deps cluster cluster-down test lint quickstart train bench bench-quick clean
+.PHONY: setup system-deps cluster cluster-down test test-fast lint quickstart train bench bench-quick clean
 
 setup: system-deps $(STAMP)
 
@@ -35,6 +35,11 @@ cluster-down:
 # cluster waits until it has the cluster to itself (a lock in tests/conftest.py).
 test: lint cluster
 	$(VENV)/bin/pytest -n 2 --dist worksteal
+
+# The layer below the cluster: the tests marked `fast` (pure functions, the schema, reference sbatch
+# files, recorded Slurm output, the docs, the import graph); under a minute, no cluster needed.
+test-fast: setup
+	$(VENV)/bin/pytest -n 2 -m fast
 
 # The main job on the embedded default: a 10-trial study of a narrow ResNet on the real
 # Fashion-MNIST, trials as local processes, the study in runs/quickstart/; ends with the best trial.

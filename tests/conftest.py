@@ -100,3 +100,27 @@ def _turn_on_shared_resources(request: pytest.FixtureRequest) -> Iterator[None]:
         if test.get_closest_marker("ray_ports") is not None:
             held.enter_context(shared_lock("ray", fcntl.LOCK_EX))
         yield
+
+
+# Whole modules that need no cluster, no database and no training (pure functions, the schema,
+# reference sbatch files, recorded Slurm output, the docs, the import graph): `make test-fast`
+# runs these and every test marked `fast` elsewhere, in under a minute with the cluster stopped.
+FAST_MODULES = {
+    "tests/test_architecture.py",
+    "tests/test_deploy_files.py",
+    "tests/test_docs.py",
+    "tests/test_hpo_cli.py",
+    "tests/hpo/test_imports.py",
+    "tests/hpo/test_report_figures.py",
+    "tests/hpo/test_retries.py",
+    "tests/hpo/test_sbatch_golden.py",
+    "tests/hpo/test_schema.py",
+    "tests/hpo/test_slurm_outputs.py",
+    "tests/hpo/test_submit_retry.py",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.relative_to(REPO).as_posix() in FAST_MODULES:
+            item.add_marker(pytest.mark.fast)

@@ -82,7 +82,12 @@ def sacct_usage(job_ids: Iterable[str], since: datetime | None = None) -> dict[s
         ).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return {}  # no accounting here: callers fall back to estimates
-    # Per job: seconds, GPU-seconds, CPU-seconds, each run with its own allocation.
+    return parse_usage(out)
+
+
+def parse_usage(out: str) -> dict[str, Usage]:
+    """``sacct -X -D -n -P -o JobID,ElapsedRaw,AllocTRES`` output: per job, its runs summed
+    (seconds, GPU-seconds, CPU-seconds, each run with its own allocation)."""
     sums: dict[str, list[float]] = {}
     for line in out.splitlines():
         job_id, elapsed, tres = [*line.split("|"), "", ""][:3]

@@ -140,15 +140,21 @@ def slurm_parameters(
     return params
 
 
-def render_sbatch(spec: StudySpec, job_name: str) -> str:
-    """The sbatch script a trial job would be submitted with (for ``--dry-run``)."""
+def render_sbatch(
+    spec: StudySpec, job_name: str, workers: int | None = None, time_min: int | None = None
+) -> str:
+    """The sbatch script a trial job (or ``--workers`` job array) would be submitted with (for
+    ``--dry-run``, and compared with reference files by the tests)."""
 
     folder = jobs_folder(spec) / "%j"
     python = spec.resources.python or sys.executable
     command = f"{python} -u -m submitit.core._submit {shlex.quote(str(folder))}"
     # submitit renders the script at submission with this function; calling it directly works
     # where there is no srun (a SlurmExecutor refuses to exist there).
-    text: str = _make_sbatch_string(command=command, folder=folder, **slurm_parameters(spec, job_name))
+    params = slurm_parameters(spec, job_name, workers, time_min)
+    if workers:  # a --workers job array: submitit numbers its tasks and caps how many run at once
+        params["map_count"] = workers
+    text: str = _make_sbatch_string(command=command, folder=folder, **params)
     return text
 
 

@@ -182,6 +182,7 @@ def test_check_runs_the_command_to_its_first_report_and_names_the_key_of_a_mista
 # --- the rule and the classification, as pure functions ------------------------------------------
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("reason", "kind"),
     [
@@ -248,6 +249,7 @@ USAGE = "the command exited with status 2: train.py: error: unrecognized argumen
 FLAKY = "the command exited with status 1: RuntimeError: CUDA error: uncorrectable ECC error at step {}"
 
 
+@pytest.mark.fast
 def test_the_rule_stops_on_two_permanent_or_three_other_failures_before_any_success() -> None:
     # Two parameter sets, one usage error (the numbers in it differ): stop.
     verdict = failing.check([_failed(0, 1.0, USAGE.format(16)), _failed(1, 2.0, USAGE.format(32))])
@@ -279,6 +281,7 @@ def test_the_rule_stops_on_two_permanent_or_three_other_failures_before_any_succ
     assert failing.check(cancelled) is None and failing.check(unrun) is None
 
 
+@pytest.mark.fast
 def test_after_a_first_failure_no_rerun_changes_the_launcher_waits_for_the_next_verdict() -> None:
     assert failing.suspect([_failed(0, 1.0, USAGE.format(16))])
     assert not failing.suspect([_failed(0, 1.0, FLAKY.format(1))])  # may be transient: no wait
@@ -286,6 +289,7 @@ def test_after_a_first_failure_no_rerun_changes_the_launcher_waits_for_the_next_
     assert not failing.suspect([])
 
 
+@pytest.mark.fast
 def test_a_failure_no_rerun_changes_is_not_retried(tmp_path: Path) -> None:
     storage = optuna.storages.InMemoryStorage()
     study = optuna.create_study(storage=storage)
