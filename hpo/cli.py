@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import hpo
 from hpo.commands import Request, execute_as_process, schema_text
@@ -30,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
 
+    _add_launch(commands)
+    _add_read_commands(commands)
+    return parser
+
+
+def _add_launch(commands: Any) -> None:
+    """``hpo launch`` and its options."""
     launch = commands.add_parser("launch", help="create or resume a study and run its trials")
     _study_arguments(launch)
     launch.add_argument("--executor", choices=("slurm", "local"), help="override resources.executor")
@@ -77,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
         "before its time limit; prints its job id and log",
     )
 
+
+def _add_read_commands(commands: Any) -> None:
+    """The commands that read (or stop, or remove) a stored study, and ``hpo schema``."""
     commands.add_parser(
         "schema",
         help="print the JSON Schema of study files (for editors: the shipped files name "
@@ -126,7 +137,6 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument(
         "--trace", action="store_true", help="where its torch.profiler trace is (study.profile_trials)"
     )
-    return parser
 
 
 def _study_arguments(parser: argparse.ArgumentParser) -> None:

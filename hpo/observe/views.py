@@ -115,36 +115,7 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
     )
     rows: list[tuple[str, ...]] = [header]
     front = {t.number for t in record.pareto_front(study, spec)}
-    for t in trials:
-        value = record.metric_value(t)
-        last_epoch = max(record.curve(t), default=0)
-        elapsed = t.user_attrs.get(record.ATTR_ELAPSED_S)
-        if elapsed is None and t.duration is not None:
-            elapsed = t.duration.total_seconds()
-        detail = record.format_params(t.params)
-        reason = t.user_attrs.get(record.ATTR_FAIL_REASON)
-        infeasible = bool(t.user_attrs.get(record.ATTR_INFEASIBLE))
-        if reason and (t.state.name == "FAIL" or infeasible):
-            detail = f"{detail}  [{reason}]"
-        notes = [
-            f"Pareto front, {spec.study.also_minimize}={t.values[1]:.4g}" if t.number in front else "",
-            f"retry of {t.user_attrs[ATTR_RETRY_OF]}" if ATTR_RETRY_OF in t.user_attrs else "",
-            f"requeued {t.user_attrs[record.ATTR_RESTARTS]}x" if record.ATTR_RESTARTS in t.user_attrs else "",
-        ]
-        if any(notes):
-            detail = f"{detail}  ({', '.join(n for n in notes if n)})"
-        rows.append((
-            str(t.number),
-            "INFEASIBLE" if infeasible else t.state.name,
-            str(last_epoch),
-            "-" if value is None else f"{value:.4f}",
-            *(_last_of(t, name) for name in others),
-            str(t.user_attrs.get(record.ATTR_JOB_ID, "-")),
-            "-" if elapsed is None else f"{float(elapsed):.0f}s",
-            accounting.format_hours(cost.of(cost.per_trial[t.number])) if t.number in cost.per_trial else "-",
-            *(_measurement_cells(t) if measured else ()),
-            detail,
-        ))  # fmt: skip
+    rows += [_status_row(spec, t, cost, others, measured, t.number in front) for t in trials]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
@@ -159,6 +130,45 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
     lines.extend(input_lines(spec, trials))
     lines.extend(ending_lines(spec, study, cost))
     return lines
+
+
+def _status_row(
+    spec: StudySpec,
+    t: optuna.trial.FrozenTrial,
+    cost: accounting.StudyCost,
+    others: list[str],
+    measured: bool,
+    on_front: bool,
+) -> tuple[str, ...]:
+    """One trial's row of the status table (the columns of ``status_lines``' header)."""
+    value = record.metric_value(t)
+    elapsed = t.user_attrs.get(record.ATTR_ELAPSED_S)
+    if elapsed is None and t.duration is not None:
+        elapsed = t.duration.total_seconds()
+    detail = record.format_params(t.params)
+    reason = t.user_attrs.get(record.ATTR_FAIL_REASON)
+    infeasible = bool(t.user_attrs.get(record.ATTR_INFEASIBLE))
+    if reason and (t.state.name == "FAIL" or infeasible):
+        detail = f"{detail}  [{reason}]"
+    notes = [
+        f"Pareto front, {spec.study.also_minimize}={t.values[1]:.4g}" if on_front else "",
+        f"retry of {t.user_attrs[ATTR_RETRY_OF]}" if ATTR_RETRY_OF in t.user_attrs else "",
+        f"requeued {t.user_attrs[record.ATTR_RESTARTS]}x" if record.ATTR_RESTARTS in t.user_attrs else "",
+    ]
+    if any(notes):
+        detail = f"{detail}  ({', '.join(n for n in notes if n)})"
+    return (
+        str(t.number),
+        "INFEASIBLE" if infeasible else t.state.name,
+        str(max(record.curve(t), default=0)),
+        "-" if value is None else f"{value:.4f}",
+        *(_last_of(t, name) for name in others),
+        str(t.user_attrs.get(record.ATTR_JOB_ID, "-")),
+        "-" if elapsed is None else f"{float(elapsed):.0f}s",
+        accounting.format_hours(cost.of(cost.per_trial[t.number])) if t.number in cost.per_trial else "-",
+        *(_measurement_cells(t) if measured else ()),
+        detail,
+    )
 
 
 def _last_of(trial: optuna.trial.FrozenTrial, name: str) -> str:

@@ -58,29 +58,14 @@ class WorkerTask:
                 break
             if record.cancel_requested_at(study) >= self.started:
                 break
-            stopped = record.stopped(study)
-            if stopped and float(stopped.get("at", 0)) >= self.started:
-                print(f"worker stops: stop rule met ({stopped['reason']})", flush=True)
-                break
-            if self.spec.study.fail_fast and failing.check(record.ended_since(study, self.started)):
-                # The launcher stores the verdict and says why; a worker stops as soon as it sees it.
-                print("worker stops: the launch's first trials failed the same way", flush=True)
-                break
             spending = compute.measure(self.spec, study.get_trials(deepcopy=False))
-            if spending is not None and spending.exhausted:
-                print(f"worker stops: compute budget reached: {spending.line()}", flush=True)
+            reason = self._reason_to_stop(study, spending, job_started, longest_trial_s)
+            if reason:
+                print(f"worker stops: {reason}", flush=True)
                 break
             if spending is not None and not spending.allows_another:
                 time.sleep(compute.REMEASURE_S)  # no trial has finished yet to say what one costs
                 continue
-            if self.time_limit_min is not None:
-                left_s = job_started + 60 * self.time_limit_min - time.time()
-                if left_s < 1.2 * longest_trial_s + 60:
-                    print(
-                        f"worker stops: {left_s:.0f} s left, the longest trial took {longest_trial_s:.0f} s",
-                        flush=True,
-                    )
-                    break
             trial = study.ask(space)
             retries.inherit_checkpoint(self.spec, trial)
             # Several workers may ask at the same moment for the last slot: the trial numbers
@@ -101,3 +86,22 @@ class WorkerTask:
             longest_trial_s = max(longest_trial_s, time.time() - trial_started)
             ran += 1
         return {"trials_run": ran}
+
+    def _reason_to_stop(
+        self, study: Any, spending: compute.Spending | None, job_started: float, longest_trial_s: float
+    ) -> str | None:
+        """Why this worker takes no further trial (a stop rule, the launch's first trials failing
+        the same way, the compute budget, too little time left in the job), or None."""
+        stopped = record.stopped(study)
+        if stopped and float(stopped.get("at", 0)) >= self.started:
+            return f"stop rule met ({stopped['reason']})"
+        if self.spec.study.fail_fast and failing.check(record.ended_since(study, self.started)):
+            # The launcher stores the verdict and says why; a worker stops as soon as it sees it.
+            return "the launch's first trials failed the same way"
+        if spending is not None and spending.exhausted:
+            return f"compute budget reached: {spending.line()}"
+        if self.time_limit_min is not None:
+            left_s = job_started + 60 * self.time_limit_min - time.time()
+            if left_s < 1.2 * longest_trial_s + 60:
+                return f"{left_s:.0f} s left, the longest trial took {longest_trial_s:.0f} s"
+        return None
