@@ -6,7 +6,7 @@ neighbour's memory. A usage error, a program or file that is not there, a patter
 the output, or code that does not import fails again the same way, with the same parameters or any
 others: such a failure is *permanent*; it is not retried, and two trials that fail with it are
 enough to say the study's set-up is wrong (``hpo.budget.failing``). Pure functions of the reason
-text the service itself writes (``hpo.trial.command``, ``hpo.trial.task``, the launcher's
+text the service itself writes (``hpo.trial.command_objective``, ``hpo.trial.task``, the launcher's
 ``job N STATE without telling a result: <error line>``), so that the trial side and the launcher
 side classify alike.
 """

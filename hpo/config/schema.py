@@ -30,7 +30,7 @@ from pydantic import Field, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
-from hpo.config.command import RUNTIME_PLACEHOLDERS, TemplateError, placeholders
+from hpo.config.user_code import RUNTIME_PLACEHOLDERS, TemplateError, placeholders
 from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig, field_names
 from trainer.errors import ConfigError
 from trainer.fields import KeyProblem, build, check_keys, config_dataclass, field, join, kind, nested

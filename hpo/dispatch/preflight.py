@@ -228,7 +228,7 @@ def check_partition_capacity(spec: StudySpec, nodes: int, gpus_per_node: int, cp
 def check_objective(spec: StudySpec) -> None:
     """The user's code must be there: a function importable here (the launcher's environment is
     the jobs'), a program or script given as a path must exist; its folder must exist."""
-    from hpo.config.command import import_function, placeholders
+    from hpo.config.user_code import import_function, placeholders
 
     objective = spec.objective
     assert objective is not None

@@ -21,7 +21,7 @@ from submitit.core.utils import JobPaths
 
 from hpo import paths, record, search
 from hpo.budget import stopping
-from hpo.config.command import placeholders, render
+from hpo.config.user_code import placeholders, render
 from hpo.dispatch.lease import Lease
 from hpo.errors import LaunchError, NotReadyError, StudyFileError
 from hpo.record import ATTR_FINAL_PARAMS, ATTR_RETRY_OF, ATTR_SCHEDULE

@@ -9,7 +9,7 @@ Under DDP every rank calls ``report``: rank 0's report reaches the study, and it
 with the other ranks (a broadcast over the script's own ``torch.distributed`` group), so every rank
 stops at the same step. Only the standard library is imported here: a script pays nothing for it.
 
-The service side (``hpo.trial.command``) hands the trial over in environment variables and, on
+The service side (``hpo.trial.command_objective``) hands the trial over in environment variables and, on
 rank 0, a socket inherited by the script (``HPO_TRIAL_FD``): one JSON line per report, one word
 back.
 """

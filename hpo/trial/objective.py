@@ -2,7 +2,7 @@
 
 The built-in objective is the trainer (a short AMP/DDP ResNet run, checkpointed under the study's
 workdir). A study's ``objective`` section makes it the user's own code instead: a command
-(``hpo.trial.command``) or a Python function (:class:`FunctionObjective`). ``FixedDurationObjective``
+(``hpo.trial.command_objective``) or a Python function (:class:`FunctionObjective`). ``FixedDurationObjective``
 stands in for training when only dispatch is measured.
 """
 
@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hpo import record
-from hpo.config.command import import_function
+from hpo.config.user_code import import_function
 from hpo.paths import checkpoint_dir, private_dir, profile_dir, tensorboard_dir
 from hpo.trial import client
 from trainer.reporting import Decision, EpochMetrics

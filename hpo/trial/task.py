@@ -26,7 +26,7 @@ from hpo.errors import one_line
 from hpo.slurm import accounting
 from hpo.storage import StorageRef, open_storage, with_retries
 from hpo.trial import retries
-from hpo.trial.command import CommandObjective
+from hpo.trial.command_objective import CommandObjective
 from hpo.trial.objective import FunctionObjective, Objective, ObjectiveFailed, TrainerObjective
 from hpo.trial.reporter import OptunaReporter
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from hpo.config.command import TemplateError, placeholders, render
+from hpo.config.user_code import TemplateError, placeholders, render
 from tests.hpo.conftest import load_trials, run_hpo, score_study, write_study
 
 # Reports "epoch N score X*N" each 0.3 s for 4 epochs; leaves a helper process running in its

@@ -9,7 +9,7 @@ after ``stop_grace_s``; one that reports through ``hpo.trial`` is told and stops
 signals follow if it does not). The other ranks stop their command when rank 0 leaves a stop file
 in the trial's folder.
 
-Parameters become argv elements by substitution (``hpo.config.command``): no shell is involved.
+Parameters become argv elements by substitution (``hpo.config.user_code``): no shell is involved.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from hpo import record
-from hpo.config.command import render
+from hpo.config.user_code import render
 from hpo.paths import checkpoint_dir, private_dir, trial_dir
 from hpo.trial import client
 from hpo.trial.objective import ObjectiveFailed, ObjectiveResult, StepReport, StepReporter, stop_at

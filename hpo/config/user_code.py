@@ -1,4 +1,5 @@
-"""A command objective's template: ``{name}`` placeholders in argv elements, filled per trial.
+"""How the objective section names the user's code: a command's argv template, whose ``{name}``
+placeholders are filled per trial, and a ``package.module:function`` to import.
 
 Each element of ``objective.command`` is one argv element, filled by substitution only: a value
 never becomes shell syntax, a separate argument or a program, whatever characters it holds.
