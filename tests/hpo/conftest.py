@@ -1,149 +1,22 @@
-"""Fixtures for the service's tests: study files, the real local Slurm cluster and PostgreSQL.
+"""Fixtures of the service's tests: the real local Slurm cluster and PostgreSQL.
 
 The cluster is brought up by ``deploy/local-cluster/up.sh`` (idempotent; the test command runs it
-first). A test that needs it fails, never skips, when it cannot come up.
+first). A test that needs it fails, never skips, when it cannot come up. The helpers the tests
+share are in helpers.py.
 """
 
 from __future__ import annotations
 
-import copy
 import fcntl
-import os
 import shutil
 import subprocess
-import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
-import yaml
 
 from tests.conftest import shared_lock
-
-REPO = Path(__file__).resolve().parents[2]
-HPO = str(Path(sys.executable).parent / "hpo")
-
-# A narrow ResNet on a slice of the real Fashion-MNIST: a few seconds per trial on one core.
-TINY_TRAINER: dict[str, Any] = {
-    "model": "resnet8",
-    "width": 8,
-    "dataset": "fashion-mnist",
-    "epochs": 3,
-    "max_steps_per_epoch": 20,
-    "val_fraction": 0.1,
-    "momentum": 0.9,
-    "num_workers": 0,
-    "log_every": 0,
-}
-GOOD = {"lr": 0.3, "weight_decay": 1e-4, "batch_size": 64}
-BAD = {"lr": 0.001, "weight_decay": 1e-4, "batch_size": 64}
-
-
-def study_document(name: str, workdir: Path, **sections: Any) -> dict[str, Any]:
-    """A small real study: TPE, successive halving, 8 trials, 2 in flight.
-
-    Two good configurations run first, then two bad ones: by the time a bad one reports its first
-    epoch, good ones have reported theirs, so successive halving has something to prune.
-    """
-    document: dict[str, Any] = {
-        "study": {
-            "name": name,
-            "workdir": str(workdir),
-            "sampler": {"name": "tpe", "seed": 0, "options": {"n_startup_trials": 3}},
-            "pruner": {"name": "successive_halving", "options": {"min_resource": 1, "reduction_factor": 2}},
-            "n_trials": 8,
-            "max_concurrent": 2,
-            "enqueue": [GOOD, {**GOOD, "lr": 0.2}, BAD, {**BAD, "weight_decay": 2e-4}],
-        },
-        "search_space": {
-            "lr": {"type": "float", "low": 0.001, "high": 1.0, "log": True},
-            "weight_decay": {"type": "float", "low": 1e-5, "high": 1e-2, "log": True},
-            "batch_size": {"type": "categorical", "choices": [32, 64]},
-        },
-        "trainer": copy.deepcopy(TINY_TRAINER),
-        "resources": {"executor": "local", "cpus_per_task": 1, "time": "10m"},
-    }
-    for section, values in sections.items():
-        document[section].update(values)
-    return document
-
-
-def score_study(tmp_path: Path, name: str, objective: dict[str, Any], **study: Any) -> dict[str, Any]:
-    """A study of the user's own small objective (a function or a command, standard library only,
-    seconds per trial) that maximizes ``score`` over one parameter ``x``, as local processes."""
-    document: dict[str, Any] = {
-        "study": {
-            "name": name,
-            "workdir": str(tmp_path / "work"),
-            "metric": "score",
-            "direction": "maximize",
-            "sampler": {"name": "random", "seed": 0},
-            "pruner": {"name": "none"},
-            **study,
-        },
-        "search_space": {"x": {"type": "float", "low": 0.5, "high": 2.0}},
-        "objective": objective,
-        "resources": {"executor": "local", "time": "5m"},
-    }
-    return document
-
-
-def sleeping_objective(steps: int, step_s: float) -> str:
-    """A module (write it as ``my_objective.py`` beside the study file) whose ``objective`` reports
-    ``x * step`` for ``steps`` steps, ``step_s`` seconds apart: a trial long enough to be hit by
-    a fault, with no torch to import (its job starts in a second)."""
-    return f"""
-import time
-
-def objective(params, trial):
-    for step in range(1, {steps} + 1):
-        time.sleep({step_s})
-        if trial.report(step, params["x"] * step):
-            return None
-    return params["x"] * {steps}
-"""
-
-
-def start_hpo(*args: str, **env: str) -> subprocess.Popen[str]:
-    """``hpo ARGS`` as a child process, its output (stdout and stderr) collected for the assertions."""
-    return subprocess.Popen(
-        [HPO, *args],
-        cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def fault_line(fault: str, outcome: str, lost: int, recovery_s: float | None) -> None:
-    """The line a fault test prints for the fault table of docs/faults.md (``pytest -s`` shows them)."""
-    shown = "-" if recovery_s is None else f"{recovery_s:.1f} s"
-    line = f"FAULT | {fault} | {outcome} | trials lost: {lost} | recovery: {shown}"
-    print(f"\n{line}")
-    # Under pytest-xdist a worker's output is not shown: HPO_FAULT_LINES names a file that collects them.
-    if os.environ.get("HPO_FAULT_LINES"):
-        with open(os.environ["HPO_FAULT_LINES"], "a") as lines:
-            lines.write(line + "\n")
-
-
-def write_study(path: Path, document: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return path
-
-
-def run_hpo(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [HPO, *args],
-        cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from tests.hpo.helpers import REPO
 
 
 @pytest.fixture(scope="session")
@@ -169,95 +42,3 @@ def fresh_database(local_cluster: str) -> Iterator[str]:
     subprocess.run(
         ["psql", "-X", "-w", "-q", admin, "-c", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], timeout=60
     )
-
-
-def load_trials(document: dict[str, Any], storage: str | None = None) -> list[Any]:
-    """The stored trials of a study, read back with Optuna itself."""
-    import optuna
-
-    if storage is None:
-        from optuna.storages.journal import JournalFileBackend
-
-        path = Path(document["study"]["workdir"]) / "optuna.journal"
-        backend: Any = optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-    else:
-        # No schema creation from the test's side: racing the launcher's would fail one of them.
-        backend = optuna.storages.RDBStorage(storage, skip_table_creation=True, skip_compatibility_check=True)
-    study = optuna.load_study(study_name=document["study"]["name"], storage=backend)
-    return study.get_trials(deepcopy=False)
-
-
-def sacct_states(job_ids: list[str]) -> dict[str, str]:
-    proc = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return dict(line.split("|", 1) for line in proc.stdout.splitlines() if line)
-
-
-def final_sacct_states(job_ids: list[str], timeout: float = 60) -> dict[str, str]:
-    """The jobs' states once accounting has recorded their end: slurmdbd learns it a moment after
-    the job leaves squeue (seen: RUNNING in sacct with squeue already empty)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        states = sacct_states(job_ids)
-        unfinished = {"", "RUNNING", "PENDING", "COMPLETING", "REQUEUED"}
-        if not unfinished.intersection(states.get(j, "") for j in job_ids) or time.monotonic() > deadline:
-            return states
-        time.sleep(1)
-
-
-def max_overlap(trials: list[Any]) -> int:
-    """The largest number of trials that were running at the same moment."""
-    events = []
-    for trial in trials:
-        events += [(trial.datetime_start, 1), (trial.datetime_complete, -1)]
-    running = peak = 0
-    for _, delta in sorted(events, key=lambda event: (event[0], event[1])):
-        running += delta
-        peak = max(peak, running)
-    return peak
-
-
-def distinct_params(trials: list[Any]) -> bool:
-    """No two trials got the same parameters (a relaunch or a second worker must not replay a
-    seeded sampler's proposals). A retry repeats the parameters of the trial it retries, on purpose."""
-    keys = [tuple(sorted(t.params.items())) for t in trials if "retry_of" not in t.user_attrs]
-    return len(set(keys)) == len(keys)
-
-
-def launch_in_background(study_file: Path, storage: str, *extra: str, **env: str) -> subprocess.Popen[str]:
-    """``hpo launch`` as a child process, its output collected for the assertions."""
-    return start_hpo("launch", str(study_file), "--storage", storage, *extra, **env)
-
-
-def trials_or_none(document: dict[str, Any], storage: str) -> list[Any] | None:
-    import optuna
-    import sqlalchemy.exc
-
-    try:
-        return load_trials(document, storage)
-    except (KeyError, FileNotFoundError, sqlalchemy.exc.DBAPIError, optuna.exceptions.StorageInternalError):
-        # The launcher has not created the journal, the schema or the study yet (Optuna's RDBStorage creates
-        # its alembic_version table on every start, so a reader may also race the launcher's DDL).
-        return None
-
-
-def wait_for_trials(
-    document: dict[str, Any],
-    storage: str,
-    launcher: subprocess.Popen[str],
-    ready: Callable[[list[Any]], bool],
-    timeout: float = 300,
-) -> list[Any]:
-    """Poll the study until ``ready(trials)``; fail with the launcher's output if it ends first."""
-    deadline = time.monotonic() + timeout
-    while True:
-        trials = trials_or_none(document, storage) or []
-        if ready(trials):
-            return trials
-        assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()[0]
-        time.sleep(0.5)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.hpo.conftest import REPO, load_trials, run_hpo, score_study, study_document, write_study
+from tests.hpo.helpers import REPO, load_trials, run_hpo, score_study, study_document, write_study
 
 FRESH_SHELL = {
     "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hpo.conftest import final_sacct_states, load_trials, run_hpo, study_document, write_study
+from tests.hpo.helpers import final_sacct_states, load_trials, run_hpo, study_document, write_study
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.hpo.conftest import (
+from tests.hpo.helpers import (
     fault_line,
     final_sacct_states,
     launch_in_background,

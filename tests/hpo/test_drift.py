@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.hpo.conftest import fault_line, run_hpo, study_document, write_study
+from tests.hpo.helpers import fault_line, run_hpo, study_document, write_study
 
 
 @pytest.fixture(params=["journal", "postgresql"])

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tests.hpo.conftest import (
+from tests.hpo.helpers import (
     HPO,
     REPO,
     load_trials,

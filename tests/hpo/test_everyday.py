@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hpo.conftest import (
+from tests.hpo.helpers import (
     HPO,
     REPO,
     load_trials,

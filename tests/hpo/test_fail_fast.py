@@ -19,7 +19,7 @@ import pytest
 
 from hpo import failures, record
 from hpo.budget import failing
-from tests.hpo.conftest import fault_line, final_sacct_states, load_trials, run_hpo, score_study, write_study
+from tests.hpo.helpers import fault_line, final_sacct_states, load_trials, run_hpo, score_study, write_study
 
 # A training script with its own options; prints "epoch N score X" per epoch. The trials listed in
 # --flaky fail on purpose, each its own way (transient faults: their retries succeed).

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.hpo.conftest import (
+from tests.hpo.helpers import (
     GOOD,
     REPO,
     distinct_params,

@@ -18,7 +18,7 @@ import pytest
 from optuna.storages.journal import JournalFileBackend
 
 from hpo.journal import PARTIAL_SUFFIX
-from tests.hpo.conftest import run_hpo, score_study, write_study
+from tests.hpo.helpers import run_hpo, score_study, write_study
 
 FUNCTION_MODULE = """
 def objective(params, trial):

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.hpo.conftest import (
+from tests.hpo.helpers import (
     GOOD,
     distinct_params,
     final_sacct_states,

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.hpo.conftest import HPO, REPO, study_document, write_study
+from tests.hpo.helpers import HPO, REPO, study_document, write_study
 
 
 def launch(

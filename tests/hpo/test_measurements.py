@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.hpo.conftest import REPO, load_trials, run_hpo, study_document, write_study
+from tests.hpo.helpers import REPO, load_trials, run_hpo, study_document, write_study
 
 # A slow shared filesystem (2 ms per image) read in the trial's main process: the model waits for
 # most of each step. The trainer's own throttle, so the starvation is the same on every machine.

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from hpo.config.user_code import TemplateError, placeholders, render
-from tests.hpo.conftest import load_trials, run_hpo, score_study, write_study
+from tests.hpo.helpers import load_trials, run_hpo, score_study, write_study
 
 # Reports "epoch N score X*N" each 0.3 s for 4 epochs; leaves a helper process running in its
 # process group (the kind of child a DataLoader or a launcher script starts); records its argv.

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.hpo.conftest import (
+from tests.hpo.helpers import (
     final_sacct_states,
     launch_in_background,
     load_trials,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from tests.hpo.conftest import HPO, REPO, load_trials, run_hpo, study_document, write_study
+from tests.hpo.helpers import HPO, REPO, load_trials, run_hpo, study_document, write_study
 
 ARTIFACTS = REPO / "test-artifacts"
 PLOTS = ("optimization_history", "learning_curves", "parallel_coordinate", "param_importances", "slice")

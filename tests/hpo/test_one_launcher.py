@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.hpo.conftest import (
+from tests.hpo.helpers import (
     HPO,
     REPO,
     fault_line,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import sqlalchemy
 
-from tests.hpo.conftest import (
+from tests.hpo.helpers import (
     fault_line,
     final_sacct_states,
     launch_in_background,

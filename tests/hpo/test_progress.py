@@ -9,7 +9,7 @@ import optuna
 
 from hpo.config import load_study
 from hpo.dispatch.progress import Progress
-from tests.hpo.conftest import study_document, write_study
+from tests.hpo.helpers import study_document, write_study
 
 
 def _study_with(complete: int) -> optuna.Study:

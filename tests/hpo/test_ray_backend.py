@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.hpo.conftest import (
+from tests.hpo.helpers import (
     BAD,
     GOOD,
     launch_in_background,

@@ -15,7 +15,7 @@ import pytest
 
 from hpo.config.schema import build_spec
 from hpo.observe import report
-from tests.hpo.conftest import score_study
+from tests.hpo.helpers import score_study
 
 matplotlib.use("Agg")
 

@@ -14,7 +14,7 @@ from hpo.storage import open_storage, resolve_storage
 from hpo.trial import retries
 from hpo.trial.objective import ObjectiveResult
 from hpo.trial.task import run_attached
-from tests.hpo.conftest import study_document, write_study
+from tests.hpo.helpers import study_document, write_study
 
 
 def make_study(tmp_path: Path, **study: Any) -> tuple[StudySpec, optuna.Study]:

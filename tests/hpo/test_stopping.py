@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from hpo.budget.stopping import patience_verdict
-from tests.hpo.conftest import REPO, run_hpo
+from tests.hpo.helpers import REPO, run_hpo
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from hpo import search
 from hpo.config import load_study
 from hpo.storage import check_reachable, resolve_storage
-from tests.hpo.conftest import study_document, write_study
+from tests.hpo.helpers import study_document, write_study
 
 
 def test_a_psycopg2_url_from_optunas_documentation_reaches_the_database(

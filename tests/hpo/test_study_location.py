@@ -11,7 +11,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.hpo.conftest import HPO, load_trials, score_study, sleeping_objective, wait_for_trials, write_study
+from tests.hpo.helpers import HPO, load_trials, score_study, sleeping_objective, wait_for_trials, write_study
 
 
 def _hpo(*args: str, cwd: Path, state: Path) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.hpo.conftest import (
+from tests.hpo.helpers import (
     GOOD,
     fault_line,
     launch_in_background,

@@ -11,7 +11,7 @@ import optuna
 import pytest
 from optuna.storages.journal import JournalFileBackend
 
-from tests.hpo.conftest import load_trials, run_hpo, study_document, write_study
+from tests.hpo.helpers import load_trials, run_hpo, study_document, write_study
 
 pytestmark = pytest.mark.slow
 
