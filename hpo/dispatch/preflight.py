@@ -21,7 +21,19 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpo import search
+from hpo.config import parse_duration_min
+from hpo.config.user_code import import_function, placeholders
+from hpo.dispatch.ray import ddp_trial, population
+from hpo.dispatch.ray.cluster import cpus_per_trial, slots_per_node
+from hpo.dispatch.ray.driver import RAY_PRUNERS
 from hpo.errors import NotReadyError, StudyFileError, one_line, optional_extra
+from hpo.journal import shared_filesystem_warning
+from hpo.paths import why_not_creatable
+from hpo.storage import JOURNAL_PREFIX
+from trainer.config import TrainConfig
+from trainer.errors import ConfigError
+from trainer.sources import check_data_available, dsdir_hint
 
 if TYPE_CHECKING:
     from hpo.config.schema import StudySpec
@@ -32,8 +44,6 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
     if spec.study.backend == "ray":
         check_ray_settings(spec)
     else:
-        from hpo import search
-
         search.validate_optuna_settings(spec)
     check_sampler_installed(spec)
     if workers is not None:
@@ -55,11 +65,8 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
             f"{spec.source}: resources.executor is {executor} (add --executor slurm)"
         )
     check_executor_available(spec, executor)
-    from hpo.storage import JOURNAL_PREFIX
 
     if executor == "slurm" and spec.study.storage and spec.study.storage.startswith(JOURNAL_PREFIX):
-        from hpo.journal import shared_filesystem_warning
-
         warning = shared_filesystem_warning(Path(spec.study.storage[len(JOURNAL_PREFIX) :]))
         if warning is not None:
             spec.warnings.append(warning)
@@ -74,7 +81,6 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
 def check_sampler_installed(spec: StudySpec) -> None:
     """The packages the study's sampler imports, found before the study starts rather than when
     Optuna first needs them (for gp, after its ten random start-up trials)."""
-    from hpo import search
 
     name = spec.study.sampler.name
     missing = [p for p in search.SAMPLER_PACKAGES.get(name, ()) if importlib.util.find_spec(p) is None]
@@ -94,8 +100,6 @@ def check_sampler_installed(spec: StudySpec) -> None:
 def check_folders(spec: StudySpec) -> None:
     """The workdir (and a journal file's folder) must be creatable, before anything is submitted;
     a dry run checks it too, creating nothing."""
-    from hpo.paths import why_not_creatable
-    from hpo.storage import JOURNAL_PREFIX
 
     folders = [("study.workdir", spec.workdir)]
     if spec.study.storage and spec.study.storage.startswith(JOURNAL_PREFIX):
@@ -116,9 +120,6 @@ def check_folders(spec: StudySpec) -> None:
 
 def check_ray_settings(spec: StudySpec) -> None:
     """Reject, before anything starts, what the Ray backend cannot do."""
-    from hpo import search
-    from hpo.dispatch.ray import ddp_trial, population
-    from hpo.dispatch.ray.driver import RAY_PRUNERS
 
     with optional_extra(
         "the Ray backend", "pip install 'slurm-hpo[ray]' (ray[default,tune]), or use study.backend: optuna"
@@ -143,8 +144,6 @@ def _job_shape(spec: StudySpec) -> tuple[int, int, int]:
     """Nodes, GPUs per node and CPUs per node of the job a launch submits."""
     res = spec.resources
     if spec.study.backend == "ray":
-        from hpo.dispatch.ray.cluster import cpus_per_trial, slots_per_node
-
         slots = slots_per_node(spec)  # one allocation holding its share of the concurrent trials
         return res.nodes, res.gpus_per_node * slots, cpus_per_trial(spec) * slots
     return res.nodes, res.gpus_per_node, res.cpus_per_task * res.tasks_per_node
@@ -161,7 +160,6 @@ def check_executor_available(spec: StudySpec, executor: str) -> None:
 def check_qos_wall(spec: StudySpec) -> None:
     """Refuse a trial whose time limit is longer than its QoS allows (sacctmgr's MaxWall): Slurm
     would leave every such job pending (QOSMaxWallDurationPerJobLimit) or reject it."""
-    from hpo.config import parse_duration_min
 
     qos = spec.resources.qos
     if not qos:
@@ -228,7 +226,6 @@ def check_partition_capacity(spec: StudySpec, nodes: int, gpus_per_node: int, cp
 def check_objective(spec: StudySpec) -> None:
     """The user's code must be there: a function importable here (the launcher's environment is
     the jobs'), a program or script given as a path must exist; its folder must exist."""
-    from hpo.config.user_code import import_function, placeholders
 
     objective = spec.objective
     assert objective is not None
@@ -261,9 +258,6 @@ def check_objective(spec: StudySpec) -> None:
 
 def check_local_data(spec: StudySpec) -> None:
     """Trials that run here read the dataset from here: it must be on disk before they start."""
-    from trainer.config import TrainConfig
-    from trainer.errors import ConfigError
-    from trainer.sources import check_data_available, dsdir_hint
 
     try:
         config = TrainConfig.from_mapping(spec.trainer)
