@@ -62,7 +62,7 @@ ATTR_THREADS = "threads"
 digits of its values, so the command `hpo best` prints sets them."""
 ATTR_RESTARTS = "restarts"
 """How many times Slurm requeued the trial's job (preemption, time limit, node failure)."""
-ATTR_RESUMED_FROM = "resumed_from_epoch"
+ATTR_RESUMED_FROM_EPOCH = "resumed_from_epoch"
 """The epoch whose checkpoint the trial's last run resumed from (after a requeue, or a retry)."""
 
 # How it ended, and whether it counts.
@@ -82,7 +82,7 @@ it; it was not run here, so it counts in neither the trial budget nor the comput
 never this study's best."""
 
 # What it measured.
-ATTR_EPOCHS = "epochs_completed"
+ATTR_EPOCHS_COMPLETED = "epochs_completed"
 ATTR_IMAGES_PER_S = "images_per_s"
 ATTR_TEST_ACCURACY = "test_accuracy"
 """Accuracy on the held-out test images (trainer.test_held_out), for the completed trials."""
@@ -91,14 +91,14 @@ ATTR_EPOCH_TIME_S = "epoch_time_s"
 ATTR_EPOCH_SECONDS = "epoch_seconds"
 """[training, validation] seconds of each epoch in order, a resumed run's checkpointed epochs
 included: what the replay benchmark's clock runs on."""
-ATTR_CURVE = "epoch_values"
+ATTR_EPOCH_VALUES = "epoch_values"
 """{epoch: metric} after each epoch, in a multi-objective study (which takes no intermediate values)."""
 ATTR_METRICS = "metrics"
 """Every other metric a trial of the user's objective reported, per step: {name: {step: value}}
 (the named groups of ``metric_pattern`` beside ``value`` and ``step``; keyword arguments of
 ``hpo.trial.report``)."""
 # What a built-in trainer trial measured of itself, over the epochs it trained (measurement_attrs).
-ATTR_DATA_WAIT = "data_wait_share"
+ATTR_DATA_WAIT_SHARE = "data_wait_share"
 """Share of the training steps' time spent waiting for the next batch (and copying it in)."""
 ATTR_STEP_MS = "step_ms"
 """Mean milliseconds of a training step by phase: {data, forward, backward, optimizer}."""
@@ -108,21 +108,21 @@ ATTR_IMAGES_PER_S_PER_GPU = "images_per_s_per_gpu"
 """Training throughput per rank (per GPU): comparable across trials of different sizes."""
 ATTR_GPU_UTILIZATION = "gpu_utilization"
 """Mean NVML utilization (%) of rank 0's GPU while training; absent without NVML."""
-ATTR_TRACE = "profile_trace"
+ATTR_PROFILE_TRACE = "profile_trace"
 """The folder of a profiled trial's torch.profiler trace."""
-ATTR_TENSORBOARD = "tensorboard_dir"
+ATTR_TENSORBOARD_DIR = "tensorboard_dir"
 MEASUREMENT_ATTRS = (
-    ATTR_DATA_WAIT,
+    ATTR_DATA_WAIT_SHARE,
     ATTR_STEP_MS,
     ATTR_PEAK_MEMORY_MIB,
     ATTR_IMAGES_PER_S_PER_GPU,
     ATTR_GPU_UTILIZATION,
-    ATTR_TRACE,
+    ATTR_PROFILE_TRACE,
 )
 """What a trial measured of itself (summary.json's ``measurements``)."""
 # Population Based Training (Ray backend): what PBT changed, and the values a member ended with.
-ATTR_SCHEDULE = "pbt_schedule"
-ATTR_FINAL_PARAMS = "pbt_final_params"
+ATTR_PBT_SCHEDULE = "pbt_schedule"
+ATTR_PBT_FINAL_PARAMS = "pbt_final_params"
 
 # Trial system attributes of a retry: the names Optuna's RetryHeartbeatStaleTrialCallback uses.
 SYSTEM_ATTR_FAILED_TRIAL = "failed_trial"
@@ -144,17 +144,17 @@ STUDY_ATTR_DEFINITION = "hpo_definition"
 against it."""
 STUDY_ATTR_ENQUEUED = "hpo_enqueued"
 """Set once the study file's enqueued parameter sets were added: a relaunch adds them no second time."""
-STUDY_ATTR_WARM_STARTED = "hpo_warm_started_from"
+STUDY_ATTR_WARM_STARTED_FROM = "hpo_warm_started_from"
 """The studies a warm start imported trials from."""
-STUDY_ATTR_CANCEL = "hpo_cancel_requested_at"
+STUDY_ATTR_CANCEL_REQUESTED_AT = "hpo_cancel_requested_at"
 """When `hpo cancel` last ran (unix time): launchers and workers started before it take no trial."""
-STUDY_ATTR_CANCEL_SEEN = "hpo_cancel_seen_at"
+STUDY_ATTR_CANCEL_SEEN_AT = "hpo_cancel_seen_at"
 """The cancel request a launcher has seen and obeys: it submits nothing more."""
 STUDY_ATTR_RAY_JOB = "hpo_ray_job"
 """The Slurm job id of a Ray-backed study's latest allocation."""
 STUDY_ATTR_RAY_JOBS = "hpo_ray_jobs"
 """Every Slurm allocation the Ray-backed study ran in (its compute budget counts their hours)."""
-STUDY_ATTR_SPENT = "hpo_spent_hours"
+STUDY_ATTR_SPENT_HOURS = "hpo_spent_hours"
 """The study's compute budget spent, as the launcher last measured it (GPU- or CPU-hours)."""
 STUDY_ATTR_STOPPED = "hpo_stopped"
 """Why the study stopped before its budget (a stop rule, or a launch whose first trials failed the
@@ -237,7 +237,7 @@ def tune_result_attrs(
 ) -> dict[str, Any]:
     """The attributes of a finished Ray Tune trial, from its last result (both Ray recorders);
     its measurements are its last epoch's. ``ranks``: the trial's processes (DDP workers)."""
-    attrs: dict[str, Any] = {ATTR_FINISHED_AT: now_iso(), ATTR_EPOCHS: epochs_done}
+    attrs: dict[str, Any] = {ATTR_FINISHED_AT: now_iso(), ATTR_EPOCHS_COMPLETED: epochs_done}
     if result:
         attrs[ATTR_NODES] = result.get("node", "")
         attrs[ATTR_ELAPSED_S] = round(float(result.get("time_total_s", 0.0)), 3)
@@ -262,7 +262,7 @@ def measurement_attrs(epochs: Sequence[Mapping[str, Any]], world_size: int) -> d
     seconds = {p: sum(float(m.get(f"{p}_time_s") or 0.0) for m in measured) for p in phases}
     total = sum(seconds.values())
     if total > 0:
-        attrs[ATTR_DATA_WAIT] = round(seconds["data"] / total, 4)
+        attrs[ATTR_DATA_WAIT_SHARE] = round(seconds["data"] / total, 4)
     # Every epoch of a run has the same number of steps.
     steps = sum(int(m["step"]) // max(1, int(m["epoch"])) for m in measured)
     if steps > 0:
@@ -308,16 +308,16 @@ def store_definition(study: optuna.Study, definition: dict[str, Any]) -> None:
 
 
 def request_cancel(study: optuna.Study, at_unix: float) -> None:
-    study.set_user_attr(STUDY_ATTR_CANCEL, at_unix)
+    study.set_user_attr(STUDY_ATTR_CANCEL_REQUESTED_AT, at_unix)
 
 
 def acknowledge_cancel(study: optuna.Study, requested_at: float) -> None:
-    study.set_user_attr(STUDY_ATTR_CANCEL_SEEN, requested_at)
+    study.set_user_attr(STUDY_ATTR_CANCEL_SEEN_AT, requested_at)
 
 
 def cancel_seen_at(study: optuna.Study) -> float:
     """The cancel request (unix time) that a launcher has confirmed it obeys; 0 if none."""
-    return float(study.user_attrs.get(STUDY_ATTR_CANCEL_SEEN, 0.0))
+    return float(study.user_attrs.get(STUDY_ATTR_CANCEL_SEEN_AT, 0.0))
 
 
 def set_ray_job(study: optuna.Study, job_id: str) -> None:
@@ -396,7 +396,11 @@ def queue_retries(study: optuna.Study, max_retries: int) -> list[int]:
                 user_attrs={
                     ATTR_RETRY_OF: trial.number,
                     # A multi-objective trial's curve, as intermediate values are for the others.
-                    **({ATTR_CURVE: trial.user_attrs[ATTR_CURVE]} if ATTR_CURVE in trial.user_attrs else {}),
+                    **(
+                        {ATTR_EPOCH_VALUES: trial.user_attrs[ATTR_EPOCH_VALUES]}
+                        if ATTR_EPOCH_VALUES in trial.user_attrs
+                        else {}
+                    ),
                 },
                 system_attrs={SYSTEM_ATTR_FAILED_TRIAL: history[0], SYSTEM_ATTR_RETRY_HISTORY: history},
                 intermediate_values=dict(trial.intermediate_values),
@@ -517,12 +521,12 @@ def clear_failing_stop(study: optuna.Study) -> None:
 
 
 def spent_hours(study: optuna.Study) -> float | None:
-    value = study.user_attrs.get(STUDY_ATTR_SPENT)
+    value = study.user_attrs.get(STUDY_ATTR_SPENT_HOURS)
     return None if value is None else float(value)
 
 
 def store_spent_hours(study: optuna.Study, hours: float) -> None:
-    study.set_user_attr(STUDY_ATTR_SPENT, round(hours, 6))
+    study.set_user_attr(STUDY_ATTR_SPENT_HOURS, round(hours, 6))
 
 
 def retried_numbers(trials: list[optuna.trial.FrozenTrial]) -> set[int]:
@@ -543,7 +547,7 @@ def started_count(study: optuna.Study) -> int:
 def cancel_requested_at(study: optuna.Study) -> float:
     """When `hpo cancel` last ran on the study (unix time; 0 if never): launchers and workers
     started before it take no new trial."""
-    return float(study.user_attrs.get(STUDY_ATTR_CANCEL, 0.0))
+    return float(study.user_attrs.get(STUDY_ATTR_CANCEL_REQUESTED_AT, 0.0))
 
 
 def enqueue_first_trials(study: optuna.Study, spec: StudySpec) -> int:
@@ -570,7 +574,7 @@ def curve(trial: optuna.trial.FrozenTrial) -> dict[int, float]:
     them in a multi-objective study."""
     if trial.intermediate_values:
         return dict(trial.intermediate_values)
-    return {int(epoch): float(v) for epoch, v in trial.user_attrs.get(ATTR_CURVE, {}).items()}
+    return {int(epoch): float(v) for epoch, v in trial.user_attrs.get(ATTR_EPOCH_VALUES, {}).items()}
 
 
 def metric_value(trial: optuna.trial.FrozenTrial) -> float | None:

@@ -64,7 +64,7 @@ def plan(spec: StudySpec, storage: StorageRef) -> Plan:
             study = optuna.load_study(study_name=spec.study.name, storage=open_storage(storage, create=False))
         except KeyError:
             study = None
-    done = set(study.user_attrs.get(record.STUDY_ATTR_WARM_STARTED, [])) if study is not None else set()
+    done = set(study.user_attrs.get(record.STUDY_ATTR_WARM_STARTED_FROM, [])) if study is not None else set()
     source_ref = resolve_storage(spec, warm.storage, spec.source) if warm.storage else storage
     for key, name in [*(("studies", n) for n in warm.studies), ("enqueue_best_of", warm.enqueue_best_of)]:
         if name is None or (key == "studies" and name in done):
@@ -95,7 +95,7 @@ def plan(spec: StudySpec, storage: StorageRef) -> Plan:
 
 def apply(spec: StudySpec, study: optuna.Study, planned: Plan, log: Any = print) -> None:
     """Write the plan into this study (the launcher, holding the study's lease)."""
-    done = list(study.user_attrs.get(record.STUDY_ATTR_WARM_STARTED, []))
+    done = list(study.user_attrs.get(record.STUDY_ATTR_WARM_STARTED_FROM, []))
     for warning in planned.warnings:
         log(f"warning: {warning}")
     # A launch stopped between adding trials and marking the study may have imported some.
@@ -108,7 +108,7 @@ def apply(spec: StudySpec, study: optuna.Study, planned: Plan, log: Any = print)
         trials = [t for t in trials if t.user_attrs[record.ATTR_IMPORTED_FROM] not in already]
         study.add_trials(trials)
         done.append(name)
-        study.set_user_attr(record.STUDY_ATTR_WARM_STARTED, done)
+        study.set_user_attr(record.STUDY_ATTR_WARM_STARTED_FROM, done)
         log(
             f"warm start: imported {len(trials)} completed trials of study {name!r} (not counted in the budget)"
         )
@@ -124,7 +124,7 @@ def apply(spec: StudySpec, study: optuna.Study, planned: Plan, log: Any = print)
             study.enqueue_trial(params)
         best_of = spec.study.warm_start.enqueue_best_of
         done.append(f"best-of:{best_of}")
-        study.set_user_attr(record.STUDY_ATTR_WARM_STARTED, done)
+        study.set_user_attr(record.STUDY_ATTR_WARM_STARTED_FROM, done)
         log(f"enqueued the {len(queued)} best configurations of study {best_of!r} to run first")
     study.set_user_attr(STUDY_ATTR_RANKS, ranks_per_trial(spec))
 

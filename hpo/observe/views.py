@@ -24,7 +24,7 @@ from hpo.budget import stopping
 from hpo.config.user_code import placeholders, render
 from hpo.dispatch.lease import Lease
 from hpo.errors import LaunchError, NotReadyError, StudyFileError
-from hpo.record import ATTR_FINAL_PARAMS, ATTR_RETRY_OF, ATTR_SCHEDULE
+from hpo.record import ATTR_PBT_FINAL_PARAMS, ATTR_PBT_SCHEDULE, ATTR_RETRY_OF
 from hpo.slurm import accounting, executors
 from hpo.storage import DatabaseUnreachable, StorageRef, driver_line, is_transient, mask, open_storage
 from hpo.trial import client
@@ -97,7 +97,7 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
     cost = cost or accounting.study_cost(spec, trials)
     unit = "GPU-h" if cost.unit == "GPU-hours" else "CPU-h"
     # What the trials measured of themselves (the built-in trainer): shown once any trial has it.
-    measured = any(record.ATTR_DATA_WAIT in t.user_attrs for t in trials)
+    measured = any(record.ATTR_DATA_WAIT_SHARE in t.user_attrs for t in trials)
     extra = ("data wait", "img/s/GPU", "peak MiB") if measured else ()
     # The other metrics the user's objective reported: each one's value at the trial's last step.
     others = sorted({name for t in trials for name in t.user_attrs.get(record.ATTR_METRICS, {})})
@@ -184,7 +184,7 @@ free. A fed model waits a few percent (the copy of each batch)."""
 
 def _measurement_cells(trial: optuna.trial.FrozenTrial) -> tuple[str, str, str]:
     attrs = trial.user_attrs
-    share = attrs.get(record.ATTR_DATA_WAIT)
+    share = attrs.get(record.ATTR_DATA_WAIT_SHARE)
     speed = attrs.get(record.ATTR_IMAGES_PER_S_PER_GPU)
     peak = attrs.get(record.ATTR_PEAK_MEMORY_MIB)
     return (
@@ -198,9 +198,9 @@ def input_verdict(trials: list[optuna.trial.FrozenTrial]) -> dict[str, Any] | No
     """Whether the study's trials wait for their data: the measured trials, those input-bound
     (numbers), and the median data-wait share of each group. None before any trial measured."""
     shares = {
-        t.number: float(t.user_attrs[record.ATTR_DATA_WAIT])
+        t.number: float(t.user_attrs[record.ATTR_DATA_WAIT_SHARE])
         for t in trials
-        if t.user_attrs.get(record.ATTR_DATA_WAIT) is not None
+        if t.user_attrs.get(record.ATTR_DATA_WAIT_SHARE) is not None
     }
     if not shares:
         return None
@@ -291,7 +291,7 @@ def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
     if best is None:
         raise LaunchError(f"study {spec.study.name!r} has no completed trial yet")
     # A PBT member ends with the settings PBT gave it, on weights that may come from others.
-    final = best.user_attrs.get(ATTR_FINAL_PARAMS) or best.params
+    final = best.user_attrs.get(ATTR_PBT_FINAL_PARAMS) or best.params
     command = rerun_command(spec, best)  # first: a trainer section changed since is bad input
     lines = []
     front = record.pareto_front(study, spec)
@@ -315,7 +315,7 @@ def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
         + f"(job {best.user_attrs.get(record.ATTR_JOB_ID, '-')})",
         "params: " + record.format_params(best.params),
     ]
-    for change in best.user_attrs.get(ATTR_SCHEDULE, []):
+    for change in best.user_attrs.get(ATTR_PBT_SCHEDULE, []):
         lines.append(
             f"  PBT, after epoch {change['after_epoch']}: weights of trial {change['weights_of_trial']}, "
             + record.format_params(change["params"])
@@ -337,7 +337,7 @@ def rerun_command(spec: StudySpec, best: optuna.trial.FrozenTrial) -> str:
     from its folder, or a function objective's call."""
     if spec.objective is not None:
         return rerun_line(spec, best) if spec.objective.command is not None else objective_command(spec, best)
-    final = best.user_attrs.get(ATTR_FINAL_PARAMS) or best.params
+    final = best.user_attrs.get(ATTR_PBT_FINAL_PARAMS) or best.params
     try:
         config = spec.trainer_config(final)
     except ConfigError as err:  # the study file's trainer section changed since the trial ran

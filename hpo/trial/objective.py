@@ -112,7 +112,7 @@ class TrainerObjective:
             value=value,
             pruned=result.stopped_early,
             attrs={
-                record.ATTR_EPOCHS: result.epochs_completed,
+                record.ATTR_EPOCHS_COMPLETED: result.epochs_completed,
                 **(
                     {
                         record.ATTR_EPOCH_TIME_S: round(
@@ -128,15 +128,17 @@ class TrainerObjective:
                 ),
                 record.ATTR_IMAGES_PER_S: result.train_images_per_s,
                 **record.measurement_attrs([m.to_dict() for m in result.history], result.world_size),
-                **({record.ATTR_TENSORBOARD: config.tensorboard_dir} if config.tensorboard_dir else {}),
-                **({record.ATTR_TRACE: config.profile_dir} if config.profile_dir else {}),
+                **({record.ATTR_TENSORBOARD_DIR: config.tensorboard_dir} if config.tensorboard_dir else {}),
+                **({record.ATTR_PROFILE_TRACE: config.profile_dir} if config.profile_dir else {}),
                 **(
                     {record.ATTR_TEST_ACCURACY: last.test_accuracy}
                     if last is not None and last.test_accuracy is not None
                     else {}
                 ),
                 **(
-                    {record.ATTR_RESUMED_FROM: result.resumed_from_epoch} if result.resumed_from_epoch else {}
+                    {record.ATTR_RESUMED_FROM_EPOCH: result.resumed_from_epoch}
+                    if result.resumed_from_epoch
+                    else {}
                 ),
             },
         )

@@ -31,7 +31,7 @@ class OptunaReporter:
         self.multi_objective = multi_objective
         # epoch (a string: attributes are JSON) -> value; a requeued or retried run goes on with it
         self.curve: dict[str, float] = (
-            dict(trial.user_attrs.get(record.ATTR_CURVE, {})) if multi_objective else {}
+            dict(trial.user_attrs.get(record.ATTR_EPOCH_VALUES, {})) if multi_objective else {}
         )
         stored = record.curve(record.read_trial(trial.study, record.trial_id(trial)))
         self.last_epoch = max(stored, default=0)
@@ -54,7 +54,7 @@ class OptunaReporter:
         if self.multi_objective:
             earlier = {k: v for k, v in self.curve.items() if int(k) < metrics.epoch}
             self.curve = {**earlier, str(metrics.epoch): value}
-            record.set_attr(self.trial, record.ATTR_CURVE, self.curve)
+            record.set_attr(self.trial, record.ATTR_EPOCH_VALUES, self.curve)
             return Decision.CONTINUE
         record.report_step(self.trial, metrics.epoch, value)
         prune = self.trial.should_prune()

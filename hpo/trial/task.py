@@ -198,7 +198,7 @@ def cost_objective(spec: StudySpec, attrs: dict[str, Any]) -> float:
     """The second objective of a multi-objective study, from the trial's attributes: its last
     run's GPU- or CPU-hours (elapsed time times its allocation) or its mean epoch time."""
     if spec.study.also_minimize == "epoch_time_s" and record.ATTR_EPOCH_TIME_S not in attrs:
-        return float(attrs[record.ATTR_ELAPSED_S]) / max(1, int(attrs.get(record.ATTR_EPOCHS, 1)))
+        return float(attrs[record.ATTR_ELAPSED_S]) / max(1, int(attrs.get(record.ATTR_EPOCHS_COMPLETED, 1)))
     return float(attrs[str(spec.study.also_minimize)])
 
 

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 PBT_OPTIONS = ("perturbation_interval", "quantile_fraction", "resample_probability", "mutations")
 MEMBER_KEY = "hpo_member"
 """A config key naming the member a Tune trial's weights come from (PBT copies it on cloning)."""
-ATTR_SCHEDULE = "pbt_schedule"
-ATTR_FINAL_PARAMS = "pbt_final_params"
+ATTR_PBT_SCHEDULE = "pbt_schedule"
+ATTR_PBT_FINAL_PARAMS = "pbt_final_params"
 
 
 def mutations(spec: StudySpec) -> list[str]:
@@ -191,7 +191,7 @@ class PopulationRecorder:
             self.params[index] = params
             # From now on this trial's weights are its own: a member cloning it must name it.
             trial.config[MEMBER_KEY] = index
-            record.set_attr(member, ATTR_SCHEDULE, self.schedule[index])
+            record.set_attr(member, ATTR_PBT_SCHEDULE, self.schedule[index])
 
     def finished(self, trial: Any, error: bool) -> None:
 
@@ -203,7 +203,7 @@ class PopulationRecorder:
         value = result.get(self.spec.study.metric)
         epochs_done = int(result.get("epoch", 0))
         attrs = record.tune_result_attrs(result, epochs_done, error, self.spec.resources.tasks_per_node)
-        record.set_attrs(member, {**attrs, record.ATTR_FINAL_PARAMS: self.params[index]})
+        record.set_attrs(member, {**attrs, record.ATTR_PBT_FINAL_PARAMS: self.params[index]})
         if error or value is None or math.isnan(float(value)) or epochs_done < self.epochs:
             self.study.tell(member, state=optuna.trial.TrialState.FAIL)
         else:
