@@ -61,7 +61,7 @@ from bench.replay import (  # noqa: E402
 from hpo import record, search  # noqa: E402
 from hpo.budget.stopping import patience_verdict, terminator_bound  # noqa: E402
 from hpo.config import StudySpec  # noqa: E402
-from hpo.config.schema import StopSpec  # noqa: E402
+from hpo.config.study_section import StopSpec  # noqa: E402
 
 STRATEGY = "default"
 SOURCE_SEED = 1000

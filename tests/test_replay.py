@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import replay  # noqa: E402  (a script in bench/, imported by its file name as it runs)
 from replay import Recorded, Table  # noqa: E402
 
-from hpo.config.schema import PrunerSpec, SamplerSpec  # noqa: E402
+from hpo.config.study_section import PrunerSpec, SamplerSpec  # noqa: E402
 
 STUDY = """\
 study:

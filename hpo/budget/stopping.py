@@ -29,7 +29,7 @@ from hpo import record, search
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
-    from hpo.config.schema import StopSpec
+    from hpo.config.study_section import StopSpec
 
 STUDY_ATTR_TERMINATOR = "hpo_terminator"
 """The Terminator's last evaluation: trial, regret bound, noise, decision."""

@@ -1,8 +1,13 @@
-"""Study files in, a validated :class:`StudySpec` out: the schema, ``${VAR}`` and ``--set``, and the
-pre-flight checks that run before anything is created or submitted."""
+"""Study files in, a validated :class:`StudySpec` out: ``${VAR}`` and ``--set`` (loading), each
+section's keys (study, search_space, resources and launcher, objective; the values they take),
+and the whole file's schema. Pure input: the checks that need the machine are dispatch's."""
 
 from hpo.config.loading import load_study
-from hpo.config.schema import (
+from hpo.config.resources import LauncherSection, Resources
+from hpo.config.schema import StudySpec
+from hpo.config.space import ParamSpec
+from hpo.config.study_section import PrunerSpec, SamplerSpec, StudySection
+from hpo.config.values import (
     BACKENDS,
     COST_OBJECTIVES,
     EXECUTORS,
@@ -10,13 +15,6 @@ from hpo.config.schema import (
     PRUNERS,
     RAY_ONLY_PRUNERS,
     SAMPLERS,
-    LauncherSection,
-    ParamSpec,
-    PrunerSpec,
-    Resources,
-    SamplerSpec,
-    StudySection,
-    StudySpec,
     parse_duration_min,
 )
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from hpo.config.schema import StudySpec, _join, _KeyProblem, build_spec
+from hpo.config.schema import StudySpec, build_spec
+from hpo.config.values import _join, _KeyProblem
 from hpo.errors import StudyFileError
 from trainer.errors import ConfigError
 from trainer.yamlfile import MAX_DEPTH, YamlLoader, load_yaml_mapping

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from hpo.config import load_study
-from hpo.config.schema import _KeyProblem, parse_duration_min
+from hpo.config.values import _KeyProblem, parse_duration_min
 from hpo.errors import StudyFileError
 from hpo.slurm import executors
 from hpo.storage import StorageRef, has_password, mask, resolve_storage

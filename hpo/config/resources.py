@@ -1,0 +1,124 @@
+"""The resources section (what one trial gets) and the launcher section (where `hpo launch --detach` runs)."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from hpo.config.values import (
+    _ACCOUNT,
+    _SBATCH_OPTION,
+    Executor,
+    _KeyProblem,
+    _safe_name,
+    _simple_command,
+    _single_line,
+    parse_duration_min,
+)
+from trainer.fields import config_dataclass, field
+
+
+@config_dataclass()
+class Resources:
+    executor: Executor = field(
+        "local", "slurm (one Slurm job per trial, through submitit) or local (processes here)."
+    )
+    nodes: int = field(1, "Nodes per trial.", ge=1)
+    tasks_per_node: int = field(
+        1,
+        "Processes per node (one per GPU for DDP). With the Ray backend, N > 1 makes each trial a DDP "
+        "run of N Ray Train workers (TorchTrainer), each with cpus_per_task CPUs and gpus_per_node / N "
+        "GPUs (nodes is then the size of the allocation the trials share).",
+        ge=1,
+    )
+    gpus_per_node: int = field(0, "GPUs per node.", ge=0)
+    cpus_per_task: int = field(1, "CPU cores per process (also the trainer's torch threads).", ge=1)
+    mem_gb: float | None = field(None, "Memory per node in GB (default: the partition's).", gt=0)
+    time: str | int = field("01:00:00", "Time limit of one trial's job (minutes, 30m, 2h, 1-00:00:00).")
+    worker_time: str | int | None = field(
+        None,
+        "Time limit of a --workers job (default: time x its share of the trials, at most 24 h).",
+    )
+    partition: str | None = field(None, "Slurm partition.")
+    account: str | None = field(None, "Slurm account (--account).")
+    qos: str | None = field(None, "Slurm QoS (--qos).")
+    constraint: str | None = field(None, "Slurm node constraint (--constraint), e.g. a100 or h100.")
+    setup: list[str] = field(
+        factory=list,
+        help="Shell lines run in the job before the trial (module load ..., conda activate ...).",
+    )
+    sbatch: dict[str, Any] = field(factory=dict, help="Extra sbatch options, e.g. {hint: nomultithread}.")
+    python: str | None = field(None, "Python interpreter on the compute nodes (default: this one).")
+
+    def __post_init__(self) -> None:
+        parse_duration_min("time", self.time)
+        if self.worker_time is not None:
+            parse_duration_min("worker_time", self.worker_time)
+        _check_placement(self.partition, self.account, self.qos, self.sbatch)
+        if self.constraint is not None and not re.fullmatch(r"[A-Za-z0-9_.\-&|\[\]*:()!]+", self.constraint):
+            raise _KeyProblem("constraint", f"is not a Slurm constraint expression: {self.constraint!r}")
+        for index, line in enumerate(self.setup):
+            _simple_command(f"setup[{index}]", line)
+        if self.executor == "local" and self.nodes > 1:
+            raise _KeyProblem(
+                "nodes", f"the local executor runs on this machine only; got nodes={self.nodes}"
+            )
+        if self.python is not None:
+            _single_line("python", self.python)
+
+    @property
+    def time_min(self) -> int:
+        return max(1, math.ceil(parse_duration_min("time", self.time)))
+
+    @property
+    def worker_time_min(self) -> int | None:
+        if self.worker_time is None:
+            return None
+        return max(1, math.ceil(parse_duration_min("worker_time", self.worker_time)))
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+
+def _check_placement(
+    partition: str | None, account: str | None, qos: str | None, sbatch: dict[str, Any]
+) -> None:
+    """Names that go into a job script: nothing that needs quoting, one line each."""
+    for key, value in (("partition", partition), ("qos", qos)):
+        if value is not None:
+            _safe_name(key, value)
+    # Jean Zay's accounts look like abc@a100.
+    if account is not None and not _ACCOUNT.fullmatch(account):
+        raise _KeyProblem(
+            "account", f"may contain only letters, digits, '.', '_', '-' and '@', got {account!r}"
+        )
+    for option, value in sbatch.items():
+        if not _SBATCH_OPTION.fullmatch(option):
+            raise _KeyProblem(f"sbatch.{option}", "is not an sbatch long option name (like mail-type)")
+        if not isinstance(value, str | int | float | bool):
+            raise _KeyProblem(f"sbatch.{option}", f"must be a single value, got {value!r}")
+        _single_line(f"sbatch.{option}", str(value))
+
+
+@config_dataclass()
+class LauncherSection:
+    """Where ``hpo launch --detach`` runs the launcher: a small CPU job that mostly sleeps."""
+
+    partition: str | None = field(None, "Partition of the launcher's job (a CPU one; Jean Zay: prepost).")
+    account: str | None = field(None, "Account of the launcher's job (Jean Zay: your CPU account, abc@cpu).")
+    qos: str | None = field(None, "QoS of the launcher's job.")
+    time: str | int = field(
+        "20h", "Time limit of one run of the launcher's job; shortly before it, the job requeues itself."
+    )
+    cpus_per_task: int = field(1, "CPU cores of the launcher's job.", ge=1)
+    sbatch: dict[str, Any] = field(factory=dict, help="Extra sbatch options of the launcher's job.")
+
+    def __post_init__(self) -> None:
+        _check_placement(self.partition, self.account, self.qos, self.sbatch)
+        parse_duration_min("time", self.time)
+
+    @property
+    def time_min(self) -> int:
+        return max(1, math.ceil(parse_duration_min("time", self.time)))
