@@ -107,6 +107,14 @@ def test_a_launch_whose_first_trials_fail_the_same_way_stops_after_two(
     # `hpo status` says why the launch stopped; the fixed study file runs the whole budget.
     status = run_hpo("status", str(study_file))
     assert "last launch stopped: trials 0 and 1 failed the same way" in status.stdout, status.stdout
+    fault_line(
+        f"{case} mistake in a study of 6 trials, 2 in flight (Slurm jobs)",
+        f"stopped after trials 0 and 1, {len(jobs)} Slurm jobs, exit 1: {error}",
+        0,
+        None,
+    )
+    if case != "usage":
+        return  # the relaunch of a fixed file is the same for both mistakes: run once
     document["objective"]["command"] = ["{python}", "train.py", "--x", "{x}"]
     document["objective"]["metric_pattern"] = PATTERN
     fixed = run_hpo("launch", str(write_study(study_file, document)), timeout=600)
@@ -114,13 +122,6 @@ def test_a_launch_whose_first_trials_fail_the_same_way_stops_after_two(
     states = [t.state.name for t in load_trials(document)]
     assert states.count("COMPLETE") == 6 and states.count("FAIL") == 2, states
     assert "last launch stopped" not in run_hpo("status", str(study_file)).stdout
-    fault_line(
-        f"{case} mistake in a study of 6 trials, 2 in flight (Slurm jobs)",
-        f"stopped after trials 0 and 1, {len(jobs)} Slurm jobs, exit 1: {error}; the fixed file ran "
-        f"{states.count('COMPLETE')} of 6",
-        0,
-        None,
-    )
 
 
 def test_workers_stop_pulling_trials_once_the_first_fail_the_same_way(tmp_path: Path) -> None:
@@ -141,7 +142,7 @@ def test_a_transient_failure_among_successes_is_retried_and_the_study_runs_on(
     tmp_path: Path, local_cluster: str
 ) -> None:
     # Trial 0 (the study's first) and trial 3 fail, in two ways; their retries succeed.
-    document, study_file = _study(tmp_path, ["--x", "{x}", "--flaky", "0,3"])
+    document, study_file = _study(tmp_path, ["--x", "{x}", "--flaky", "0,3"], n_trials=4)
 
     proc = run_hpo("launch", str(study_file), timeout=600)
 
@@ -150,7 +151,7 @@ def test_a_transient_failure_among_successes_is_retried_and_the_study_runs_on(
     failed = [t.number for t in trials if t.state.name == "FAIL"]
     retried = sorted(t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs)
     assert failed == [0, 3] and retried == [0, 3], [(t.number, t.state.name, t.user_attrs) for t in trials]
-    assert sum(t.state.name == "COMPLETE" for t in trials) == 6
+    assert sum(t.state.name == "COMPLETE" for t in trials) == 4
     assert "failed the same way" not in proc.stdout + proc.stderr
 
 
