@@ -41,7 +41,9 @@ class Verdict:
 
     def line(self, spec: StudySpec) -> str:
         """One line: the trials, the failure and what to change."""
-        numbers = ", ".join(str(n) for n in self.trials[:-1]) + f" and {self.trials[-1]}"
+        # Ascending, as users read trial lists; which ended first is the scheduler's accident.
+        ordered = sorted(self.trials)
+        numbers = ", ".join(str(n) for n in ordered[:-1]) + f" and {ordered[-1]}"
         hint = failures.hint(self.failure.kind, str(spec.source), self.trials[-1])
         return (
             f"trials {numbers} failed the same way and none succeeded: {self.reason} "

@@ -19,6 +19,7 @@ import pytest
 
 from hpo import failures, record
 from hpo.budget import failing
+from hpo.config.schema import build_spec
 from tests.hpo.helpers import fault_line, final_sacct_states, load_trials, run_hpo, score_study, write_study
 
 # A training script with its own options; prints "epoch N score X" per epoch. The trials listed in
@@ -251,10 +252,14 @@ FLAKY = "the command exited with status 1: RuntimeError: CUDA error: uncorrectab
 
 
 @pytest.mark.fast
-def test_the_rule_stops_on_two_permanent_or_three_other_failures_before_any_success() -> None:
+def test_the_rule_stops_on_two_permanent_or_three_other_failures_before_any_success(tmp_path: Path) -> None:
     # Two parameter sets, one usage error (the numbers in it differ): stop.
     verdict = failing.check([_failed(0, 1.0, USAGE.format(16)), _failed(1, 2.0, USAGE.format(32))])
     assert verdict is not None and verdict.trials == [0, 1] and verdict.failure.kind == "usage"
+    # Trials end in the order the scheduler lets them; the line names them in ascending order.
+    late_first = failing.check([_failed(1, 2.0, USAGE.format(32)), _failed(0, 1.0, USAGE.format(16))])
+    spec = build_spec(score_study(tmp_path, "order", {"command": ["true"]}), str(tmp_path / "study.yaml"))
+    assert late_first is not None and late_first.line(spec).startswith("trials 0 and 1 failed the same way")
     # A failure that may be transient: a trial and its retry are one parameter set; a third set stops.
     flaky = [
         _failed(0, 1.0, FLAKY.format(3)),
