@@ -186,9 +186,6 @@ LONG_FUNCTIONS = {
     "defined inside the function that makes it",
     "hpo/trial/command_objective.py:_run": "one loop handles the command's output lines, its trial-API reports, "
     "the stop file and its end",
-    "trainer/loop.py:__init__": "builds the data, model, optimizer, schedule and checkpoint state of "
-    "a run in one constructor",
-    "trainer/loop.py:_epoch": "one epoch's training steps with their timing phases",
 }
 
 

@@ -94,6 +94,103 @@ DEFAULT_HPARAMS = (
 )
 
 
+def steps_per_epoch(config: TrainConfig, train_loader: Any, sampler: Any, world_size: int) -> int:
+    steps = len(train_loader)
+    if config.max_steps_per_epoch is not None:
+        steps = min(steps, config.max_steps_per_epoch)
+    if steps == 0:
+        raise ConfigError(
+            f"batch_size {config.batch_size} x {world_size} ranks exceeds the "
+            f"{len(sampler.indices)} training samples selected (with drop_last)"
+        )
+    return steps
+
+
+def build_parallel_model(
+    raw_model: nn.Module, config: TrainConfig, env: distributed.DistEnv, device: torch.device
+) -> nn.Module:
+    """The model the training steps call: DDP across ranks, compiled if asked."""
+    model = raw_model
+    if env.is_distributed:
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if config.compile:
+        model = torch.compile(model)  # type: ignore[assignment]
+    return model
+
+
+def build_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.SGD:
+    return torch.optim.SGD(
+        model.parameters(),
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        nesterov=config.nesterov,
+    )
+
+
+def build_schedule(
+    config: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int
+) -> torch.optim.lr_scheduler.OneCycleLR:
+    """OneCycleLR over the whole run, stepped every iteration."""
+    warmup_steps = config.pct_start * total_steps
+    last_phase = total_steps + 1 - 2 * warmup_steps if config.three_phase else total_steps - warmup_steps
+    if warmup_steps <= 1 or last_phase <= 0:
+        # OneCycleLR divides by the length of each phase and fails on an empty one.
+        raise ConfigError(
+            f"OneCycle over {total_steps} steps with pct_start={config.pct_start} leaves an empty "
+            "phase; train for more steps or move pct_start away from 0 and 1"
+        )
+    return torch.optim.lr_scheduler.OneCycleLR(
+        optimizer,
+        max_lr=config.lr,
+        total_steps=total_steps,
+        pct_start=config.pct_start,
+        div_factor=config.div_factor,
+        final_div_factor=config.final_div_factor,
+        anneal_strategy=config.anneal_strategy,
+        three_phase=config.three_phase,
+        # Off by default: OneCycleLR would overwrite SGD's momentum with its own cycle, and the
+        # momentum being tuned would have no effect. On, it cycles between the two settings.
+        cycle_momentum=config.cycle_momentum,
+        base_momentum=config.base_momentum,
+        max_momentum=config.momentum,
+    )
+
+
+def build_scaler(amp_dtype: torch.dtype | None, device: torch.device) -> torch.amp.GradScaler:
+    # bf16 has fp32's exponent range: only fp16 needs loss scaling.
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    if scaler.is_enabled():
+        # The scaler skips the optimizer step when it finds inf gradients (its first steps, while it
+        # calibrates); the schedule still advances, which is what we want, so the warning is noise.
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+    return scaler
+
+
+class _Tally:
+    """An epoch's sums of (loss, correct, seen) per split, kept on the device: reading them every
+    step would synchronize the GPU every step. One tensor, so one all-reduce sums them all."""
+
+    SPLITS = ("train", "val", "test")
+
+    def __init__(self, device: torch.device) -> None:
+        self.sums = torch.zeros(3 * len(self.SPLITS), dtype=torch.float64, device=device)
+
+    def of(self, split: str) -> torch.Tensor:
+        """The (loss, correct, seen) slots of ``split``, a view to add to."""
+        first = 3 * self.SPLITS.index(split)
+        return self.sums[first : first + 3]
+
+    def reduced(self) -> dict[str, tuple[float, float, float]]:
+        """Summed across ranks: split -> (loss, correct, seen)."""
+        distributed.all_reduce_sum(self.sums)
+        values = self.sums.tolist()
+        return {
+            split: (values[3 * i], values[3 * i + 1], values[3 * i + 2])
+            for i, split in enumerate(self.SPLITS)
+        }
+
+
 class _Run:
     def __init__(
         self,
@@ -122,76 +219,27 @@ class _Run:
 
         bundle = build_datasets(config)
         self.normalize = bundle.normalize.to(device)
+        pin = device.type == "cuda"
         self.train_loader, self.sampler, self.val_loader = build_loaders(
-            config, bundle, env.rank, env.world_size, device.type == "cuda"
+            config, bundle, env.rank, env.world_size, pin
         )
         self.test_loader = (
-            build_held_out_loader(config, bundle, env.rank, env.world_size, device.type == "cuda")
+            build_held_out_loader(config, bundle, env.rank, env.world_size, pin)
             if config.test_held_out
             else None
         )
-        self.steps_per_epoch = len(self.train_loader)
-        if config.max_steps_per_epoch is not None:
-            self.steps_per_epoch = min(self.steps_per_epoch, config.max_steps_per_epoch)
-        if self.steps_per_epoch == 0:
-            raise ConfigError(
-                f"batch_size {config.batch_size} x {env.world_size} ranks exceeds the "
-                f"{len(self.sampler.indices)} training samples selected (with drop_last)"
-            )
-
-        total_steps = config.epochs * self.steps_per_epoch
-        warmup_steps = config.pct_start * total_steps
-        last_phase = total_steps + 1 - 2 * warmup_steps if config.three_phase else total_steps - warmup_steps
-        if warmup_steps <= 1 or last_phase <= 0:
-            # OneCycleLR divides by the length of each phase and fails on an empty one.
-            raise ConfigError(
-                f"OneCycle over {total_steps} steps with pct_start={config.pct_start} leaves an empty "
-                "phase; train for more steps or move pct_start away from 0 and 1"
-            )
+        self.steps_per_epoch = steps_per_epoch(config, self.train_loader, self.sampler, env.world_size)
 
         self.raw_model = build_model(config.model, bundle.num_classes, bundle.in_channels, config.width)
         self.raw_model.to(device)
         self.raw_model.to(memory_format=self.memory_format)
-        model: nn.Module = self.raw_model
-        if env.is_distributed:
-            model = DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None
-            )
-        if config.compile:
-            model = torch.compile(model)  # type: ignore[assignment]
-        self.model = model
-
+        self.model = build_parallel_model(self.raw_model, config, env, device)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
         # Validation loss is the plain cross-entropy, comparable across label_smoothing values.
         self.val_criterion = nn.CrossEntropyLoss(reduction="sum")
-        self.optimizer = torch.optim.SGD(
-            self.raw_model.parameters(),
-            lr=config.lr,
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
-            nesterov=config.nesterov,
-        )
-        self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
-            self.optimizer,
-            max_lr=config.lr,
-            total_steps=total_steps,
-            pct_start=config.pct_start,
-            div_factor=config.div_factor,
-            final_div_factor=config.final_div_factor,
-            anneal_strategy=config.anneal_strategy,
-            three_phase=config.three_phase,
-            # Off by default: OneCycleLR would overwrite SGD's momentum with its own cycle, and the
-            # momentum being tuned would have no effect. On, it cycles between the two settings.
-            cycle_momentum=config.cycle_momentum,
-            base_momentum=config.base_momentum,
-            max_momentum=config.momentum,
-        )
-        # bf16 has fp32's exponent range: only fp16 needs loss scaling.
-        self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp_dtype == torch.float16)
-        if self.scaler.is_enabled():
-            # The scaler skips the optimizer step when it finds inf gradients (its first steps, while it
-            # calibrates); the schedule still advances, which is what we want, so the warning is noise.
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+        self.optimizer = build_optimizer(config, self.raw_model)
+        self.scheduler = build_schedule(config, self.optimizer, config.epochs * self.steps_per_epoch)
+        self.scaler = build_scaler(self.amp_dtype, device)
         self.state = checkpoint.TrainingState(self.raw_model, self.optimizer, self.scheduler, self.scaler)
         # What a checkpoint must match to be continued: the settings, and what they resolved to here
         # (the schedule's length depends on the number of ranks, the scaler's state on the AMP dtype).
@@ -309,39 +357,23 @@ class _Run:
         return self.normalize(images), labels.to(self.device, non_blocking=non_blocking)
 
     def _epoch(self, epoch: int) -> EpochMetrics:
-        config, env = self.config, self.env
         self.model.train()
         self.sampler.set_epoch(epoch)
-        # Sums stay on the device: reading them every step would synchronize the GPU every step.
-        # train (loss, correct, seen), validation (the same), held-out test (the same)
-        sums = torch.zeros(9, dtype=torch.float64, device=self.device)
-        phases_before = self.timer.collect()
-        if self.utilization is not None:
-            self.utilization.take_mean()  # from here on: this epoch's training, not what came before
+        tally = _Tally(self.device)
         began = time.perf_counter()
-        self.timer.start()
-        with self.profiler.epoch() as profiling:
-            self._train_steps(epoch, sums, began, profiling)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        train_time = time.perf_counter() - began
-        phases = self.timer.collect()
-        spent = {name: phases.get(name, 0.0) - phases_before.get(name, 0.0) for name in STEP_PHASES}
-        gpu_utilization = self.utilization.take_mean() if self.utilization is not None else None
-
+        train_time, spent, gpu_utilization = self._training_phase(epoch, tally)
         began_val = time.perf_counter()
-        self._validate(self.val_loader, sums[3:6])
+        self._validate(self.val_loader, tally.of("val"))
         # The held-out test set, once, in the last epoch: its figures ride with that epoch's report.
-        tested = self.test_loader is not None and epoch + 1 == config.epochs
-        if tested:
-            assert self.test_loader is not None
-            self._validate(self.test_loader, sums[6:9])
+        tested = self.test_loader is not None and epoch + 1 == self.config.epochs
+        if self.test_loader is not None and tested:
+            self._validate(self.test_loader, tally.of("test"))
         self.timer.totals["validation"] += time.perf_counter() - began_val
 
-        distributed.all_reduce_sum(sums)
-        totals = sums.tolist()
-        train_loss, train_correct, train_seen, val_loss, val_correct, val_seen = totals[:6]
-        test_loss, test_correct, test_seen = totals[6:]
+        sums = tally.reduced()
+        train_loss, train_correct, train_seen = sums["train"]
+        val_loss, val_correct, val_seen = sums["val"]
+        test_loss, test_correct, test_seen = sums["test"] if tested else (0.0, 0.0, 0.0)
         metrics = EpochMetrics(
             epoch=epoch + 1,
             step=(epoch + 1) * self.steps_per_epoch,
@@ -353,8 +385,8 @@ class _Run:
             images_per_s=train_seen / train_time,
             train_time_s=train_time,
             epoch_time_s=time.perf_counter() - began,
-            test_loss=test_loss / test_seen if tested and test_seen else None,
-            test_accuracy=test_correct / test_seen if tested and test_seen else None,
+            test_loss=test_loss / test_seen if test_seen else None,
+            test_accuracy=test_correct / test_seen if test_seen else None,
             data_time_s=spent["data"],
             forward_time_s=spent["forward"],
             backward_time_s=spent["backward"],
@@ -362,29 +394,50 @@ class _Run:
             peak_memory_bytes=peak_memory_bytes(self.device),
             gpu_utilization=gpu_utilization,
         )
-        if env.is_main:
-            log.info(
-                "epoch %d/%d train_loss %.4f train_acc %.4f val_loss %.4f val_acc %.4f %.0f img/s %.1fs",
-                metrics.epoch,
-                config.epochs,
-                metrics.train_loss,
-                metrics.train_accuracy,
-                metrics.val_loss,
-                metrics.val_accuracy,
-                metrics.images_per_s,
-                metrics.epoch_time_s,
-            )
-            if metrics.test_accuracy is not None:
-                log.info(
-                    "held-out test: loss %.4f acc %.4f on %d images",
-                    metrics.test_loss,
-                    metrics.test_accuracy,
-                    int(test_seen),
-                )
+        if self.env.is_main:
+            self._log_epoch(metrics, int(test_seen))
         return metrics
 
+    def _training_phase(self, epoch: int, tally: _Tally) -> tuple[float, dict[str, float], float | None]:
+        """The epoch's training steps: their seconds, the seconds of each step phase, and the GPU's
+        mean utilization over them."""
+        phases_before = self.timer.collect()
+        if self.utilization is not None:
+            self.utilization.take_mean()  # from here on: this epoch's training, not what came before
+        began = time.perf_counter()
+        self.timer.start()
+        with self.profiler.epoch() as profiling:
+            self._train_steps(epoch, tally.of("train"), began, profiling)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        train_time = time.perf_counter() - began
+        phases = self.timer.collect()
+        spent = {name: phases.get(name, 0.0) - phases_before.get(name, 0.0) for name in STEP_PHASES}
+        gpu_utilization = self.utilization.take_mean() if self.utilization is not None else None
+        return train_time, spent, gpu_utilization
+
+    def _log_epoch(self, metrics: EpochMetrics, test_seen: int) -> None:
+        log.info(
+            "epoch %d/%d train_loss %.4f train_acc %.4f val_loss %.4f val_acc %.4f %.0f img/s %.1fs",
+            metrics.epoch,
+            self.config.epochs,
+            metrics.train_loss,
+            metrics.train_accuracy,
+            metrics.val_loss,
+            metrics.val_accuracy,
+            metrics.images_per_s,
+            metrics.epoch_time_s,
+        )
+        if metrics.test_accuracy is not None:
+            log.info(
+                "held-out test: loss %.4f acc %.4f on %d images",
+                metrics.test_loss,
+                metrics.test_accuracy,
+                test_seen,
+            )
+
     def _train_steps(self, epoch: int, sums: torch.Tensor, began: float, profiling: Any) -> None:
-        """One epoch's training steps, adding (loss, correct, seen) to ``sums[0:3]``."""
+        """One epoch's training steps, adding (loss, correct, seen) to ``sums``."""
         config, env = self.config, self.env
         batches = iter(self.train_loader)
         for step in range(self.steps_per_epoch):
