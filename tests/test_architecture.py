@@ -184,8 +184,6 @@ LONG_FUNCTIONS = {
     "inline before tuner.fit()",
     "hpo/dispatch/ray/optuna_search.py:study_search": "the adapter's subclass of OptunaSearch is "
     "defined inside the function that makes it",
-    "hpo/trial/command_objective.py:_run": "one loop handles the command's output lines, its trial-API reports, "
-    "the stop file and its end",
 }
 
 

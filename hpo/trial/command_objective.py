@@ -122,11 +122,10 @@ class _Command:
 
     def __init__(self, argv: list[str], cwd: str, env: dict[str, str], *, channel: bool) -> None:
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.metrics: dict[str, dict[str, float]] = {}
-        """The other metrics reported (hpo.record.ATTR_METRICS)."""
         self.last_line = {"stdout": "", "stderr": ""}
         self.stopped_by_us = False
         self._terminated = threading.Event()
+        self._ended_at: float | None = None
         self._ours: socket.socket | None = None
         theirs: socket.socket | None = None
         if channel:
@@ -178,82 +177,48 @@ class _Command:
                 signal.signal(signal.SIGTERM, self._previous_sigterm)
 
     def run(self, spec: StudySpec, reporter: StepReporter | None, stop_file: Path) -> ObjectiveResult:
-        result = self._run(spec, reporter, stop_file)
-        if self.metrics:
-            result.attrs[record.ATTR_METRICS] = self.metrics
-        return result
-
-    def _keep(self, step: int, metrics: dict[str, Any]) -> None:
-        for name, raw in metrics.items():
-            value = raw if isinstance(raw, float | int) else _number(raw)
-            if value is not None and math.isfinite(float(value)):
-                self.metrics.setdefault(name, {})[str(step)] = float(value)
-
-    def _run(self, spec: StudySpec, reporter: StepReporter | None, stop_file: Path) -> ObjectiveResult:
         assert spec.objective is not None
-        objective = spec.objective
-        pattern = re.compile(objective.metric_pattern) if objective.metric_pattern else None
-        final_pattern = re.compile(objective.final_pattern) if objective.final_pattern else None
-        # Steps counted by matches go on from the trial's stored curve after a requeue.
-        stored_steps = int(getattr(reporter, "last_epoch", 0) or 0)
-        reports = 0
-        last: float | None = None
-        final: float | None = None
-        stop_asked_at: float | None = None
-        ended_at: float | None = None
+        grace_s = spec.objective.stop_grace_s
+        reports = _Reports(spec, reporter, stop_file)
         while True:
             try:
                 kind, payload = self.events.get(timeout=0.5)
             except queue.Empty:
                 kind, payload = "", None
-            if kind == "stdout" and reporter is not None:
-                if final_pattern and (found := final_pattern.search(payload)):
-                    final = _number(found.group("value"))
-                if pattern and (found := pattern.search(payload)):
-                    value = _number(found.group("value"))
-                    step = _step(found, stored_steps + reports + 1)
-                    if value is not None and step is not None and stop_asked_at is None:
-                        self._keep(
-                            step, {k: v for k, v in found.groupdict().items() if k not in ("value", "step")}
-                        )
-                        reports, last = reports + 1, value
-                        if _decide(reporter, spec, step, value) == Decision.STOP:
-                            stop_file.touch()
-                            self.stop(objective.stop_grace_s)
-                            return ObjectiveResult(value=value, pruned=True)
-            elif kind == "report" and reporter is not None:
-                step, value, metrics = payload
-                self._keep(step, metrics)
-                if stop_asked_at is not None or value is None:
-                    # Told to stop already (its later reports change nothing), or not a number.
-                    self._reply(client.STOP if stop_asked_at is not None else client.CONTINUE)
-                    continue
-                reports, last = reports + 1, value
-                stop = _decide(reporter, spec, step, value) == Decision.STOP
-                self._reply(client.STOP if stop else client.CONTINUE)
-                if stop:
-                    stop_file.touch()
-                    stop_asked_at = time.monotonic()
-            if stop_asked_at is not None and time.monotonic() - stop_asked_at > objective.stop_grace_s:
-                self.stop(objective.stop_grace_s)
+            if kind == "stdout" and reporter is not None and reports.on_line(payload):
+                self.stop(grace_s)
+                return reports.result(pruned=True)
+            if kind == "report" and reporter is not None:
+                self._reply(client.STOP if reports.on_report(*payload) else client.CONTINUE)
+            if reports.stop_asked_at is not None and time.monotonic() - reports.stop_asked_at > grace_s:
+                self.stop(grace_s)  # told to stop, it has not: the signals follow
             if reporter is None and stop_file.exists():
-                self.stop(objective.stop_grace_s)
+                self.stop(grace_s)  # rank 0 was told to stop: this rank stops too
                 return ObjectiveResult(value=float("nan"), pruned=True)
-            if self.process.poll() is not None:
-                if ended_at is None:
-                    ended_at = time.monotonic()
-                    # Whatever it started that still holds its output open ends with it.
-                    _signal_group(self.process.pid, signal.SIGKILL)
-                # Readers first, then the queue: a line queued as its reader ends is not lost.
-                reading = self._reading()
-                if not reading and self.events.empty():
-                    break
-                if reading and time.monotonic() - ended_at > DRAIN_S:
-                    break  # held open outside its process group (a daemon it started): stop reading
+            if self.process.poll() is not None and self._drained():
+                break
+        return self._outcome(reports)
+
+    def _drained(self) -> bool:
+        """Once the command has ended: True when its output is all read, or still held open
+        ``DRAIN_S`` later."""
+        if self._ended_at is None:
+            self._ended_at = time.monotonic()
+            # Whatever it started that still holds its output open ends with it.
+            _signal_group(self.process.pid, signal.SIGKILL)
+        # Readers first, then the queue: a line queued as its reader ends is not lost.
+        reading = self._reading()
+        if not reading and self.events.empty():
+            return True
+        # Held open outside its process group (a daemon it started): stop reading.
+        return reading and time.monotonic() - self._ended_at > DRAIN_S
+
+    def _outcome(self, reports: _Reports) -> ObjectiveResult:
+        """The trial's result once the command ended by itself (or after being told to stop)."""
         returncode = self.process.wait()
-        if stop_asked_at is not None:
-            return ObjectiveResult(value=last if last is not None else float("nan"), pruned=True)
-        if reporter is None and stop_file.exists():
+        if reports.stop_asked_at is not None:
+            return reports.result(pruned=True)
+        if reports.reporter is None and reports.stop_file.exists():
             return ObjectiveResult(value=float("nan"), pruned=True)
         if returncode < 0 or self._terminated.is_set():
             # Even a command that exits 0 on Slurm's SIGTERM has not finished its run.
@@ -261,16 +226,11 @@ class _Command:
         if returncode != 0:
             line = self.last_line["stderr"] or self.last_line["stdout"]
             raise ObjectiveFailed(f"the command exited with status {returncode}: {line}".rstrip(": "))
-        value = final if final is not None else last
-        if reporter is None:
+        if reports.reporter is None:
             return ObjectiveResult(value=float("nan"), pruned=False)
-        if value is None and reports == 0:
-            # A run resumed from a checkpoint of its last step (a requeue, or a retry given its
-            # failed trial's checkpoint and curve) has nothing left to report: its curve stands.
-            value = getattr(reporter, "last_value", None)
-        if value is None:
+        if reports.value() is None:
             raise ObjectiveFailed(f"no metric reported; last output line: {self.last_line['stdout']!r}")
-        return ObjectiveResult(value=value, pruned=False)
+        return reports.result(pruned=False)
 
     def _signalled(self, signum: int) -> None:
         """The command died of a signal this process did not send."""
@@ -350,6 +310,81 @@ class _Command:
         assert self._ours is not None
         with contextlib.suppress(OSError):
             self._ours.sendall((word + "\n").encode())
+
+
+class _Reports:
+    """Rank 0's side of a run: each report as it arrives (a matching output line, or a
+    ``hpo.trial.report`` call), what the study says to it, and the value the trial ends with."""
+
+    def __init__(self, spec: StudySpec, reporter: StepReporter | None, stop_file: Path) -> None:
+        assert spec.objective is not None
+        self.spec, self.reporter, self.stop_file = spec, reporter, stop_file
+        objective = spec.objective
+        self.pattern = re.compile(objective.metric_pattern) if objective.metric_pattern else None
+        self.final_pattern = re.compile(objective.final_pattern) if objective.final_pattern else None
+        # Steps counted by matches go on from the trial's stored curve after a requeue.
+        self.stored_steps = int(getattr(reporter, "last_epoch", 0) or 0)
+        self.count = 0
+        self.last: float | None = None
+        self.final: float | None = None
+        self.stop_asked_at: float | None = None
+        """When a ``hpo.trial`` script was told to stop (it stops itself, within the grace)."""
+        self.metrics: dict[str, dict[str, float]] = {}
+        """The other metrics reported (hpo.record.ATTR_METRICS)."""
+
+    def on_line(self, line: str) -> bool:
+        """A line of the command's output; True when the study prunes the trial on it."""
+        if self.final_pattern and (found := self.final_pattern.search(line)):
+            self.final = _number(found.group("value"))
+        if self.pattern is None or self.stop_asked_at is not None or not (found := self.pattern.search(line)):
+            return False
+        value = _number(found.group("value"))
+        step = _step(found, self.stored_steps + self.count + 1)
+        if value is None or step is None:
+            return False
+        self._keep(step, {k: v for k, v in found.groupdict().items() if k not in ("value", "step")})
+        return self._decide(step, value)
+
+    def on_report(self, step: int, value: float | None, metrics: dict[str, Any]) -> bool:
+        """A ``hpo.trial.report`` call; True when the script is to stop (the answer it gets)."""
+        self._keep(step, metrics)
+        if self.stop_asked_at is not None or value is None:
+            # Told to stop already (its later reports change nothing), or not a number.
+            return self.stop_asked_at is not None
+        stop = self._decide(step, value)
+        if stop:
+            self.stop_asked_at = time.monotonic()
+        return stop
+
+    def value(self) -> float | None:
+        """The trial's value: the final line's, else the last report's."""
+        value = self.final if self.final is not None else self.last
+        if value is None and self.count == 0:
+            # A run resumed from a checkpoint of its last step (a requeue, or a retry given its
+            # failed trial's checkpoint and curve) has nothing left to report: its curve stands.
+            value = getattr(self.reporter, "last_value", None)
+        return value
+
+    def result(self, pruned: bool) -> ObjectiveResult:
+        value = self.last if pruned else self.value()
+        result = ObjectiveResult(value=value if value is not None else float("nan"), pruned=pruned)
+        if self.metrics:
+            result.attrs[record.ATTR_METRICS] = self.metrics
+        return result
+
+    def _decide(self, step: int, value: float) -> bool:
+        assert self.reporter is not None
+        self.count, self.last = self.count + 1, value
+        stop = _decide(self.reporter, self.spec, step, value) == Decision.STOP
+        if stop:
+            self.stop_file.touch()  # the other ranks stop too
+        return stop
+
+    def _keep(self, step: int, metrics: dict[str, Any]) -> None:
+        for name, raw in metrics.items():
+            value = raw if isinstance(raw, float | int) else _number(raw)
+            if value is not None and math.isfinite(float(value)):
+                self.metrics.setdefault(name, {})[str(step)] = float(value)
 
 
 def _decide(reporter: StepReporter, spec: StudySpec, step: int, value: float) -> Decision:
