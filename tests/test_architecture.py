@@ -178,8 +178,6 @@ LONG_MODULES = {
     "attribute names to move to a module of their own",
 }
 LONG_FUNCTIONS = {
-    "hpo/config/schema.py:_build_objective_spec": "the objective section's checks, half of them "
-    "shared with _build_spec's",
     "hpo/dispatch/ray/driver.py:run": "builds Tune's searcher, scheduler, callbacks and run config "
     "inline before tuner.fit()",
     "hpo/dispatch/ray/optuna_search.py:study_search": "the adapter's subclass of OptunaSearch is "

@@ -197,11 +197,9 @@ def _build_spec(document: dict[str, Any], source: str, study: StudySection) -> S
     if not isinstance(trainer, dict):
         raise _KeyProblem("trainer", f"must be a mapping of trainer keys, got {kind(trainer)}")
     _check_trainer_section(trainer)
-    space_doc = _or_empty(document.get("search_space"))
-    if not isinstance(space_doc, dict):
-        raise _KeyProblem("search_space", f"must be a mapping of trainer keys, got {kind(space_doc)}")
-    if not space_doc:
-        raise _KeyProblem("search_space", "is empty: name at least one trainer key to tune")
+    space_doc = _space_document(
+        document, "must be a mapping of trainer keys", "name at least one trainer key to tune"
+    )
     space = {
         name: _section(ParamSpec, param_doc, f"search_space.{name}") for name, param_doc in space_doc.items()
     }
@@ -241,40 +239,8 @@ def _build_objective_spec(
         raise _KeyProblem("study.direction", f"is required for metric {study.metric!r}: maximize or minimize")
     if study.pruner.name == "pbt":
         raise _KeyProblem("study.pruner.name", "pbt hands weights between trials: the built-in trainer only")
-    space_doc = _or_empty(document.get("search_space"))
-    if not isinstance(space_doc, dict) or not space_doc:
-        raise _KeyProblem("search_space", "must name at least one parameter to tune")
-    space = {}
-    for name, param_doc in space_doc.items():
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise _KeyProblem(f"search_space.{name}", "must be a name (letters, digits and _)")
-        space[name] = _section(ParamSpec, param_doc, f"search_space.{name}")
-        if space[name].scale_with_batch_size is not None:
-            raise _KeyProblem(
-                f"search_space.{name}.scale_with_batch_size", "applies to the trainer's lr only"
-            )
-        if name in objective.fixed or name in RUNTIME_PLACEHOLDERS:
-            where = "objective.fixed" if name in objective.fixed else "the service (for each trial)"
-            raise _KeyProblem(f"search_space.{name}", f"is also set by {where}; keep it in one place")
-    warnings = []
-    if objective.command is not None:
-        known = [*space, *objective.fixed, *RUNTIME_PLACEHOLDERS]
-        used = objective.placeholder_names()
-        for index, element in enumerate(objective.command):
-            for name in placeholders(element):
-                if name not in known:
-                    raise _KeyProblem(
-                        f"objective.command[{index}]",
-                        f"{{{name}}} names no parameter; known: {', '.join('{' + k + '}' for k in known)}",
-                    )
-        # A command that names none of the parameters reads them through hpo.trial.params(); one
-        # that names some but not all has likely lost a flag.
-        for name in space if any(name in used for name in space) else ():
-            if name not in used:
-                warnings.append(
-                    f"{source}: search_space.{name}: objective.command never uses {{{name}}}; the trial "
-                    "gets it only if the script reads it through hpo.trial.params()"
-                )
+    space = _objective_space(document, objective)
+    warnings = _command_warnings(source, objective, space) if objective.command is not None else []
     if resources.tasks_per_node > 1 and study.backend == "ray":
         raise _KeyProblem(
             "resources.tasks_per_node",
@@ -294,6 +260,59 @@ def _build_objective_spec(
     )
     _check_whole(spec)
     return spec
+
+
+def _space_document(document: dict[str, Any], not_mapping: str, empty: str) -> dict[Any, Any]:
+    space_doc = _or_empty(document.get("search_space"))
+    if not isinstance(space_doc, dict):
+        raise _KeyProblem("search_space", f"{not_mapping}, got {kind(space_doc)}")
+    if not space_doc:
+        raise _KeyProblem("search_space", f"is empty: {empty}")
+    return space_doc
+
+
+def _objective_space(document: dict[str, Any], objective: ObjectiveSection) -> dict[str, ParamSpec]:
+    """An objective section's parameters: any names but those the section or the service sets."""
+    space_doc = _space_document(
+        document, "must be a mapping of parameter names", "name at least one parameter to tune"
+    )
+    space = {}
+    for name, param_doc in space_doc.items():
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise _KeyProblem(f"search_space.{name}", "must be a name (letters, digits and _)")
+        space[name] = _section(ParamSpec, param_doc, f"search_space.{name}")
+        if space[name].scale_with_batch_size is not None:
+            raise _KeyProblem(
+                f"search_space.{name}.scale_with_batch_size", "applies to the trainer's lr only"
+            )
+        if name in objective.fixed or name in RUNTIME_PLACEHOLDERS:
+            where = "objective.fixed" if name in objective.fixed else "the service (for each trial)"
+            raise _KeyProblem(f"search_space.{name}", f"is also set by {where}; keep it in one place")
+    return space
+
+
+def _command_warnings(source: str, objective: ObjectiveSection, space: dict[str, ParamSpec]) -> list[str]:
+    """Refuses a placeholder that names nothing; warns of a parameter the command leaves out."""
+    assert objective.command is not None
+    known = [*space, *objective.fixed, *RUNTIME_PLACEHOLDERS]
+    for index, element in enumerate(objective.command):
+        for name in placeholders(element):
+            if name not in known:
+                raise _KeyProblem(
+                    f"objective.command[{index}]",
+                    f"{{{name}}} names no parameter; known: {', '.join('{' + k + '}' for k in known)}",
+                )
+    # A command that names none of the parameters reads them through hpo.trial.params(); one
+    # that names some but not all has likely lost a flag.
+    used = objective.placeholder_names()
+    if not any(name in used for name in space):
+        return []
+    return [
+        f"{source}: search_space.{name}: objective.command never uses {{{name}}}; the trial "
+        "gets it only if the script reads it through hpo.trial.params()"
+        for name in space
+        if name not in used
+    ]
 
 
 def _check_whole(spec: StudySpec) -> None:
