@@ -177,12 +177,7 @@ LONG_MODULES = {
     "hpo/record.py": "every attribute name and every read and write of the trial record; the "
     "attribute names to move to a module of their own",
 }
-LONG_FUNCTIONS = {
-    "hpo/dispatch/ray/driver.py:run": "builds Tune's searcher, scheduler, callbacks and run config "
-    "inline before tuner.fit()",
-    "hpo/dispatch/ray/optuna_search.py:study_search": "the adapter's subclass of OptunaSearch is "
-    "defined inside the function that makes it",
-}
+LONG_FUNCTIONS: dict[str, str] = {}
 
 
 def _lengths() -> tuple[dict[str, int], dict[str, int]]:

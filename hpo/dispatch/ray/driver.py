@@ -15,6 +15,7 @@ checks import this module on machines and in processes where Ray is absent or no
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -150,7 +151,6 @@ def run(
     """Run the study's remaining trials on a Ray cluster (``address``) or a local Ray instance.
     In an allocation, the launcher that submitted it has checked the study file already."""
     import ray
-    from ray import tune
 
     pbt = spec.study.pruner.name == "pbt"
     # Under PBT a member goes on from another's checkpoint with perturbed optimizer settings.
@@ -167,82 +167,107 @@ def run(
         + (f" ({leftovers} left running by an ended Ray job, now failed)" if leftovers else ""))  # fmt: skip
     if remaining <= 0:
         return
-    epochs = spec.max_steps
     job_id = os.environ.get("SLURM_JOB_ID", f"local-{os.getpid()}")
-    recorder: population.PopulationRecorder | None = None
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
         os.environ.update(ACTOR_ENV)
         ray.init(num_cpus=max(1, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+    plan: _TunePlan | None = None
     try:
-        if spec.resources.tasks_per_node > 1:  # a DDP trial: its Ray Train workers hold the resources
-            trainable = ddp_trial.tune_trainable(spec, objective)
-        else:
-            resources = {
-                "cpu": float(spec.resources.cpus_per_task),
-                "gpu": float(spec.resources.gpus_per_node),
-            }
-            trainable = tune.with_resources(
-                tune.with_parameters(_trainable, spec=spec, objective=objective, pbt=pbt), resources=resources
-            )
-        timeout_min = spec.study.timeout_min
-        search_alg: Any
         if pbt:
-            from ray.tune.search import BasicVariantGenerator
-
-            # PBT takes no search algorithm: Optuna's sampler proposes the first population.
-            members, configs = population.first_population(study, spec, remaining, job_id)
-            recorder = population.PopulationRecorder(study, spec, members)
-            search_alg = BasicVariantGenerator(
-                points_to_evaluate=configs, max_concurrent=spec.study.max_concurrent
-            )
-            scheduler, max_concurrent = population.build_scheduler(spec), None
-            callbacks = [recorder.as_tune_callback()]
-            # Tune sets a preset config's keys only where the search space has them.
-            param_space = dict.fromkeys(configs[0])
-            # PBT hands a member the donor's checkpoint of the moment it exploits; the donor trains on
-            # while the member restarts, so keep 5 epochs of slack before that checkpoint is deleted
-            # (Tune warns below 3; a slow restart on a busy node once outlasted 3 short epochs).
-            checkpoints = tune.CheckpointConfig(num_to_keep=5)
+            plan = _population_plan(study, spec, remaining, job_id)
         else:
             search_alg = optuna_search.study_search(
-                spec, backend, epochs, job_id, started, log, ending=_ending(spec, study)
+                spec, backend, spec.max_steps, job_id, started, log, ending=_ending(spec, study)
             )
-            scheduler, max_concurrent = build_scheduler(spec, epochs), spec.study.max_concurrent
-            callbacks, checkpoints, param_space = [], None, None
-        tuner = tune.Tuner(
-            trainable,
-            param_space=param_space,
-            tune_config=tune.TuneConfig(
-                search_alg=search_alg,
-                scheduler=scheduler,
-                num_samples=remaining,
-                max_concurrent_trials=max_concurrent,
-                # A trial in a warm actor skips a new worker process and its imports (seconds on a
-                # busy node). Tune fails the new trial if the last one's thread has not ended within
-                # TUNE_FUNCTION_THREAD_TIMEOUT_S (see ACTOR_ENV); a stopped trial ends at its report.
-                reuse_actors=True,
-                time_budget_s=None if timeout_min is None else 60 * timeout_min,
-                metric=spec.study.metric,
-                mode="max" if spec.study.direction == "maximize" else "min",
-            ),
-            run_config=tune.RunConfig(
-                name=f"{spec.study.name}-{int(time.time())}",
-                storage_path=str(spec.workdir / "ray_results"),
-                callbacks=callbacks,
-                checkpoint_config=checkpoints,
-                # Tune restarts a failed trial (same Optuna trial; the trainer resumes from its
-                # checkpoint under the study's workdir) up to max_retries times.
-                failure_config=tune.FailureConfig(max_failures=spec.study.max_retries),
-                verbose=0,
-            ),
-        )
-        tuner.fit()
+            plan = _TunePlan(search_alg, build_scheduler(spec, spec.max_steps), spec.study.max_concurrent)
+        _tuner(spec, _tune_trainable(spec, objective, pbt), plan, remaining).fit()
     finally:
-        if recorder is not None:
-            recorder.fail_unfinished("not finished when its Ray run ended (time budget or stop)")
+        if plan is not None and plan.recorder is not None:
+            plan.recorder.fail_unfinished("not finished when its Ray run ended (time budget or stop)")
         ray.shutdown()
+
+
+@dataclasses.dataclass
+class _TunePlan:
+    """How Tune picks, stops and keeps the study's trials."""
+
+    search_alg: Any
+    scheduler: Any
+    max_concurrent: int | None
+    callbacks: list[Any] = dataclasses.field(default_factory=list)
+    checkpoints: Any = None
+    param_space: dict[str, Any] | None = None
+    recorder: population.PopulationRecorder | None = None
+
+
+def _population_plan(study: optuna.Study, spec: StudySpec, remaining: int, job_id: str) -> _TunePlan:
+    from ray import tune
+    from ray.tune.search import BasicVariantGenerator
+
+    # PBT takes no search algorithm: Optuna's sampler proposes the first population.
+    members, configs = population.first_population(study, spec, remaining, job_id)
+    recorder = population.PopulationRecorder(study, spec, members)
+    return _TunePlan(
+        search_alg=BasicVariantGenerator(
+            points_to_evaluate=configs, max_concurrent=spec.study.max_concurrent
+        ),
+        scheduler=population.build_scheduler(spec),
+        max_concurrent=None,
+        callbacks=[recorder.as_tune_callback()],
+        # PBT hands a member the donor's checkpoint of the moment it exploits; the donor trains on
+        # while the member restarts, so keep 5 epochs of slack before that checkpoint is deleted
+        # (Tune warns below 3; a slow restart on a busy node once outlasted 3 short epochs).
+        checkpoints=tune.CheckpointConfig(num_to_keep=5),
+        # Tune sets a preset config's keys only where the search space has them.
+        param_space=dict.fromkeys(configs[0]),
+        recorder=recorder,
+    )
+
+
+def _tune_trainable(spec: StudySpec, objective: Objective, pbt: bool) -> Any:
+    from ray import tune
+
+    if spec.resources.tasks_per_node > 1:  # a DDP trial: its Ray Train workers hold the resources
+        return ddp_trial.tune_trainable(spec, objective)
+    resources = {"cpu": float(spec.resources.cpus_per_task), "gpu": float(spec.resources.gpus_per_node)}
+    return tune.with_resources(
+        tune.with_parameters(_trainable, spec=spec, objective=objective, pbt=pbt), resources=resources
+    )
+
+
+def _tuner(spec: StudySpec, trainable: Any, plan: _TunePlan, remaining: int) -> Any:
+    from ray import tune
+
+    timeout_min = spec.study.timeout_min
+    return tune.Tuner(
+        trainable,
+        param_space=plan.param_space,
+        tune_config=tune.TuneConfig(
+            search_alg=plan.search_alg,
+            scheduler=plan.scheduler,
+            num_samples=remaining,
+            max_concurrent_trials=plan.max_concurrent,
+            # A trial in a warm actor skips a new worker process and its imports (seconds on a
+            # busy node). Tune fails the new trial if the last one's thread has not ended within
+            # TUNE_FUNCTION_THREAD_TIMEOUT_S (see ACTOR_ENV); a stopped trial ends at its report.
+            reuse_actors=True,
+            time_budget_s=None if timeout_min is None else 60 * timeout_min,
+            metric=spec.study.metric,
+            mode="max" if spec.study.direction == "maximize" else "min",
+        ),
+        run_config=tune.RunConfig(
+            name=f"{spec.study.name}-{int(time.time())}",
+            storage_path=str(spec.workdir / "ray_results"),
+            callbacks=plan.callbacks,
+            checkpoint_config=plan.checkpoints,
+            # Tune restarts a failed trial (same Optuna trial; the trainer resumes from its
+            # checkpoint under the study's workdir) up to max_retries times.
+            failure_config=tune.FailureConfig(max_failures=spec.study.max_retries),
+            verbose=0,
+        ),
+    )
 
 
 def _ending(spec: StudySpec, study: optuna.Study) -> Callable[[optuna.Study], str | None]:

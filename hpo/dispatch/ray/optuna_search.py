@@ -9,6 +9,7 @@ checks import this module on machines and in processes where Ray is absent or no
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,49 @@ if TYPE_CHECKING:
 
 HOLD = "hold"
 """What ``ending`` answers when no trial may start now but one may once a running trial ends."""
+
+
+@dataclasses.dataclass
+class _Gate:
+    """Whether Tune may start another trial: not after ``hpo cancel`` since this driver started,
+    nor once ``ending`` gives a reason (said once in the log)."""
+
+    launched_at: float
+    log: Any
+    ending: Callable[[optuna.Study], str | None]
+    cancel_seen: bool = False
+    ended: str = ""
+
+    def closed(self, study: optuna.Study) -> str | None:
+        """None to start a trial, HOLD for not now, or why no more trials start."""
+        requested = record.cancel_requested_at(study)
+        if requested >= self.launched_at:
+            if not self.cancel_seen:
+                record.acknowledge_cancel(study, requested)  # the cancel is told it was seen
+                self.cancel_seen = True
+                self.log("hpo cancel: starting no more trials")
+            return "cancelled"
+        reason = self.ended or self.ending(study)
+        if reason and reason != HOLD:
+            if not self.ended:
+                self.log(reason)
+            self.ended = reason
+        return reason
+
+
+def _tell(
+    study: optuna.Study, ot_trial: optuna.Trial, value: Any, epochs_done: int, epochs: int, error: bool
+) -> None:
+    """Tune's ended trial into the study: a trial its scheduler stopped early is PRUNED."""
+    if value is not None and epochs_done:
+        # Tune hands the last epoch's result to on_trial_complete, not on_trial_result.
+        ot_trial.report(float(value), epochs_done)
+    if error or value is None:
+        study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
+    elif epochs_done < epochs:
+        study.tell(ot_trial, state=optuna.trial.TrialState.PRUNED)
+    else:
+        study.tell(ot_trial, float(value))
 
 
 def study_search(
@@ -38,37 +82,23 @@ def study_search(
     from ray.tune.search import Searcher
     from ray.tune.search.optuna import OptunaSearch
 
+    gate = _Gate(launched_at, log, ending)
+    where = {record.ATTR_EXECUTOR: "ray", record.ATTR_JOB_ID: job_id}
+
     class StudySearch(OptunaSearch):
         """OptunaSearch records a trial that Tune's scheduler stopped early as COMPLETE; here it
         is PRUNED, as with the Optuna backend, and carries the same attributes."""
 
-        cancel_seen = False
-        ended = ""
-
         def suggest(self, trial_id: str) -> dict[str, Any] | None:
-            # `hpo cancel` since this driver started: no new trial, and the cancel is told so.
-            if self._ot_study is not None and record.cancel_requested_at(self._ot_study) >= launched_at:
-                if not self.cancel_seen:
-                    record.acknowledge_cancel(self._ot_study, record.cancel_requested_at(self._ot_study))
-                    self.cancel_seen = True
-                    log("hpo cancel: starting no more trials")
+            closed = gate.closed(self._ot_study) if self._ot_study is not None else None
+            if closed == HOLD:
+                return None  # Tune asks again later
+            if closed:
                 return Searcher.FINISHED  # Tune's sentinel: no more trials from this searcher
-            if self._ot_study is not None:
-                reason = self.ended or ending(self._ot_study)
-                if reason == HOLD:
-                    return None  # Tune asks again later
-                if reason:
-                    if not self.ended:
-                        log(reason)
-                    self.ended = reason
-                    return Searcher.FINISHED
             config: dict[str, Any] | None = super().suggest(trial_id)
             ot_trial = self._ot_trials.get(trial_id)
             if ot_trial is not None:  # where it runs, visible while it runs (hpo status, hpo cancel)
-                started = {record.ATTR_STARTED_AT: record.now_iso()}
-                record.set_attrs(
-                    ot_trial, {record.ATTR_EXECUTOR: "ray", record.ATTR_JOB_ID: job_id, **started}
-                )
+                record.set_attrs(ot_trial, {**where, record.ATTR_STARTED_AT: record.now_iso()})
             return config
 
         def on_trial_complete(
@@ -77,21 +107,12 @@ def study_search(
             if trial_id in self._completed_trials or trial_id not in self._ot_trials:
                 return
             ot_trial = self._ot_trials[trial_id]
-            value = None if not result else result.get(self.metric)
             epochs_done = int(result.get("training_iteration", 0)) if result else 0
             attrs = record.tune_result_attrs(result, epochs_done, error, spec.resources.tasks_per_node)
-            record.set_attrs(ot_trial, {record.ATTR_EXECUTOR: "ray", record.ATTR_JOB_ID: job_id, **attrs})
-            if value is not None and epochs_done:
-                # Tune hands the last epoch's result to on_trial_complete, not on_trial_result.
-                ot_trial.report(float(value), epochs_done)
-            study = self._ot_study
-            assert study is not None  # set up before the first trial is suggested
-            if error or value is None:
-                study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
-            elif epochs_done < epochs:
-                study.tell(ot_trial, state=optuna.trial.TrialState.PRUNED)
-            else:
-                study.tell(ot_trial, float(value))
+            record.set_attrs(ot_trial, {**where, **attrs})
+            assert self._ot_study is not None  # set up before the first trial is suggested
+            value = None if not result else result.get(self.metric)
+            _tell(self._ot_study, ot_trial, value, epochs_done, epochs, error)
             self._completed_trials.add(trial_id)
 
     sampler = search.build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source)
