@@ -255,7 +255,7 @@ def launch(request: Request, spec: StudySpec, storage: StorageRef) -> int:
 
 def observe(request: Request, spec: StudySpec, storage: StorageRef) -> int:
     """The commands that read a stored study (and ``cancel``, which stops its jobs)."""
-    from hpo import record
+    from hpo import study_record
     from hpo.observe import views
 
     study = views.open_study(spec, storage)  # a missing study: a one-line error, not an empty page
@@ -268,7 +268,7 @@ def observe(request: Request, spec: StudySpec, storage: StorageRef) -> int:
 
         if request.open:
             return tunnel.open_tunnel(spec, study)
-        with_ray = spec.study.backend == "ray" or record.ray_job(study) is not None
+        with_ray = spec.study.backend == "ray" or study_record.ray_job(study) is not None
         lines = tunnel.tunnel_commands(spec, study, with_ray=with_ray)
     elif request.command == "status":
         lines = views.status_lines(spec, study)

@@ -1,11 +1,12 @@
-"""The trial record: every attribute the service writes on trials and studies, and the only code
-that writes them or reaches into Optuna's storage.
+"""The trial record: every attribute the service writes on trials, and the only code that writes
+them or reaches into Optuna's storage.
 
 A study's state is what its storage holds: Optuna's trial states and values, plus the attributes
-below (shown by ``hpo status``, the report and optuna-dashboard). Launchers, trial processes, the
-Ray driver and the views all read and write them through this module, so that an attribute has
-one name, the budget one rule, and Optuna's private API (``study._storage``, ``trial._trial_id``)
-one place to change when Optuna changes.
+below (shown by ``hpo status``, the report and optuna-dashboard) and the study's own
+(``hpo.study_record``). Launchers, trial processes, the Ray driver and the views all read and
+write them through these two modules, so that an attribute has one name, the budget one rule, and
+Optuna's private API (``study._storage``, ``trial._trial_id``) one place to change when Optuna
+changes.
 
 Retries: a trial that fails (an exception in the trial, its job cancelled outside the service, its
 node lost, its job gone from Slurm) is retried up to ``study.max_retries`` times as a new trial in
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import failures
+from hpo import failures, study_record
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -135,35 +136,8 @@ REASON_CANCELLED = "cancelled by hpo cancel"
 REASON_NO_PROGRESS = "no epoch finished between requeues"
 REASON_STOPPED_FAILING = "stopped with the launch: its first trials failed the same way"
 
-# --------------------------------------------------------------------------------------------------
-# Study user attributes
-# --------------------------------------------------------------------------------------------------
-
-STUDY_ATTR_DEFINITION = "hpo_definition"
-"""What gives the study's values their meaning (hpo.search.definition): a relaunch is checked
-against it."""
-STUDY_ATTR_ENQUEUED = "hpo_enqueued"
-"""Set once the study file's enqueued parameter sets were added: a relaunch adds them no second time."""
-STUDY_ATTR_WARM_STARTED_FROM = "hpo_warm_started_from"
-"""The studies a warm start imported trials from."""
-STUDY_ATTR_CANCEL_REQUESTED_AT = "hpo_cancel_requested_at"
-"""When `hpo cancel` last ran (unix time): launchers and workers started before it take no trial."""
-STUDY_ATTR_CANCEL_SEEN_AT = "hpo_cancel_seen_at"
-"""The cancel request a launcher has seen and obeys: it submits nothing more."""
-STUDY_ATTR_RAY_JOB = "hpo_ray_job"
-"""The Slurm job id of a Ray-backed study's latest allocation."""
-STUDY_ATTR_RAY_JOBS = "hpo_ray_jobs"
-"""Every Slurm allocation the Ray-backed study ran in (its compute budget counts their hours)."""
-STUDY_ATTR_SPENT_HOURS = "hpo_spent_hours"
-"""The study's compute budget spent, as the launcher last measured it (GPU- or CPU-hours)."""
-STUDY_ATTR_STOPPED = "hpo_stopped"
-"""Why the study stopped before its budget (a stop rule, or a launch whose first trials failed the
-same way), with what that saved."""
-STUDY_ATTR_SET_UP_FAILURES = "hpo_set_up_failures"
-"""The trials a launch stopped on (``hpo.budget.failing``) and those it cut short: kept, but not
-counted in the trial budget (the launch after the fix runs every trial of ``n_trials``)."""
-
-# Failures that a retry cannot help: the user stopped the study; the job's time limit is too short.
+# Failures that a retry cannot help: the user stopped the study; the job's time limit is too
+# short.
 _NOT_RETRIED_PREFIXES = (REASON_CANCELLED, REASON_NO_PROGRESS, REASON_STOPPED_FAILING)
 
 
@@ -298,47 +272,6 @@ def close_not_run(
     study.tell(number, state=optuna.trial.TrialState.FAIL)
 
 
-def stored_definition(study: optuna.Study) -> dict[str, Any] | None:
-    value = study.user_attrs.get(STUDY_ATTR_DEFINITION)
-    return dict(value) if isinstance(value, dict) else None
-
-
-def store_definition(study: optuna.Study, definition: dict[str, Any]) -> None:
-    study.set_user_attr(STUDY_ATTR_DEFINITION, definition)
-
-
-def request_cancel(study: optuna.Study, at_unix: float) -> None:
-    study.set_user_attr(STUDY_ATTR_CANCEL_REQUESTED_AT, at_unix)
-
-
-def acknowledge_cancel(study: optuna.Study, requested_at: float) -> None:
-    study.set_user_attr(STUDY_ATTR_CANCEL_SEEN_AT, requested_at)
-
-
-def cancel_seen_at(study: optuna.Study) -> float:
-    """The cancel request (unix time) that a launcher has confirmed it obeys; 0 if none."""
-    return float(study.user_attrs.get(STUDY_ATTR_CANCEL_SEEN_AT, 0.0))
-
-
-def set_ray_job(study: optuna.Study, job_id: str) -> None:
-    study.set_user_attr(STUDY_ATTR_RAY_JOB, job_id)
-    jobs = ray_jobs(study)
-    if job_id not in jobs:
-        study.set_user_attr(STUDY_ATTR_RAY_JOBS, [*jobs, job_id])
-
-
-def ray_jobs(study: optuna.Study) -> list[str]:
-    """Every Ray allocation the study ran in (its compute budget counts their hours)."""
-    jobs = [str(j) for j in study.user_attrs.get(STUDY_ATTR_RAY_JOBS, [])]
-    latest = ray_job(study)  # a study whose launches predate the list has this one only
-    return jobs if latest is None or latest in jobs else [*jobs, latest]
-
-
-def ray_job(study: optuna.Study) -> str | None:
-    job = study.user_attrs.get(STUDY_ATTR_RAY_JOB)
-    return str(job) if job else None
-
-
 def worst_value(direction: str | None) -> float:
     """The value an infeasible trial is told with: below any accuracy, above any loss."""
     return 0.0 if direction == "maximize" else math.inf
@@ -370,7 +303,7 @@ def queue_retries(study: optuna.Study, max_retries: int) -> list[int]:
 
     trials = study.get_trials(deepcopy=False)
     already = retried_numbers(trials)
-    cancelled_at = cancel_requested_at(study)
+    cancelled_at = study_record.cancel_requested_at(study)
     retried = []
     for trial in trials:
         if trial.state != optuna.trial.TrialState.FAIL or trial.number in already:
@@ -420,7 +353,7 @@ def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     ones, and failed ones whose retry (queued or run) takes their place."""
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
-    set_up = set(set_up_failures(study))
+    set_up = set(study_record.set_up_failures(study))
     return [
         t
         for t in trials
@@ -470,15 +403,6 @@ def ended_since(study: optuna.Study, since: float) -> list[optuna.trial.FrozenTr
     return sorted(ended, key=lambda t: (t.datetime_complete, t.number))
 
 
-def set_up_failures(study: optuna.Study) -> list[int]:
-    return [int(n) for n in study.user_attrs.get(STUDY_ATTR_SET_UP_FAILURES, [])]
-
-
-def store_set_up_failures(study: optuna.Study, numbers: Sequence[int]) -> None:
-    known = set_up_failures(study)
-    study.set_user_attr(STUDY_ATTR_SET_UP_FAILURES, [*known, *(n for n in numbers if n not in known)])
-
-
 def own_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The trials this study ran or will run: not surplus, not imported by a warm start."""
     return [t for t in study.get_trials(deepcopy=False) if is_own(t)]
@@ -490,43 +414,6 @@ def is_own(trial: optuna.trial.FrozenTrial) -> bool:
 
 def imported_count(study: optuna.Study) -> int:
     return sum(1 for t in study.get_trials(deepcopy=False) if ATTR_IMPORTED_FROM in t.user_attrs)
-
-
-def stopped(study: optuna.Study) -> dict[str, Any] | None:
-    """Why a stop rule ended the study (``reason``, ``at_trial``, ``saved``), or None."""
-    value = study.user_attrs.get(STUDY_ATTR_STOPPED)
-    return dict(value) if value else None
-
-
-def store_stopped(study: optuna.Study, reason: str, at_trial: int, saved: str, kind: str = "rule") -> None:
-    """``kind``: "rule" (a stop rule ended the study) or "failing" (``hpo.budget.failing`` ended a
-    launch; the next launch clears it)."""
-    study.set_user_attr(
-        STUDY_ATTR_STOPPED,
-        {
-            "reason": reason,
-            "at_trial": at_trial,
-            "saved": saved,
-            "at": datetime.now(timezone.utc).timestamp(),
-            "kind": kind,
-        },
-    )
-
-
-def clear_failing_stop(study: optuna.Study) -> None:
-    """A new launch of a study an earlier one stopped as failing: that verdict no longer stands."""
-    stop = stopped(study)
-    if stop and stop.get("kind") == "failing":
-        study.set_user_attr(STUDY_ATTR_STOPPED, None)
-
-
-def spent_hours(study: optuna.Study) -> float | None:
-    value = study.user_attrs.get(STUDY_ATTR_SPENT_HOURS)
-    return None if value is None else float(value)
-
-
-def store_spent_hours(study: optuna.Study, hours: float) -> None:
-    study.set_user_attr(STUDY_ATTR_SPENT_HOURS, round(hours, 6))
 
 
 def retried_numbers(trials: list[optuna.trial.FrozenTrial]) -> set[int]:
@@ -542,22 +429,6 @@ def started_count(study: optuna.Study) -> int:
     """Trials of the budget that have started (counted, not WAITING): what a launcher compares
     with ``n_trials``."""
     return sum(1 for t in counted_trials(study) if t.state.name != "WAITING")
-
-
-def cancel_requested_at(study: optuna.Study) -> float:
-    """When `hpo cancel` last ran on the study (unix time; 0 if never): launchers and workers
-    started before it take no new trial."""
-    return float(study.user_attrs.get(STUDY_ATTR_CANCEL_REQUESTED_AT, 0.0))
-
-
-def enqueue_first_trials(study: optuna.Study, spec: StudySpec) -> int:
-    """Enqueue ``study.enqueue`` once per study (a relaunch must not enqueue them again)."""
-    if not spec.study.enqueue or study.user_attrs.get(STUDY_ATTR_ENQUEUED):
-        return 0
-    for params in spec.study.enqueue:
-        study.enqueue_trial(params, skip_if_exists=True)
-    study.set_user_attr(STUDY_ATTR_ENQUEUED, True)
-    return len(spec.study.enqueue)
 
 
 def report_step(trial: optuna.Trial, step: int, value: float) -> None:

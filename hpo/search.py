@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from hpo import record
+from hpo import record, study_record
 from hpo.config import RAY_ONLY_PRUNERS
 from hpo.errors import StudyFileError, one_line, optional_extra
 from trainer.config import ADDED_SETTINGS, TrainConfig
@@ -226,7 +226,7 @@ def check_definition(study: optuna.Study, spec: StudySpec, *, allow_space_change
     ``allow_space_change`` (and, even with it, a change Optuna cannot model the stored trials
     with). Returns whether the definition to store differs from the stored one."""
     current = definition(spec)
-    stored = record.stored_definition(study)
+    stored = study_record.stored_definition(study)
     where, name = spec.source, spec.study.name
     _check_space_compatible(study, spec)
     if stored is None:
@@ -260,7 +260,7 @@ def check_definition(study: optuna.Study, spec: StudySpec, *, allow_space_change
 def check_metric(study: optuna.Study, spec: StudySpec) -> None:
     """The file measures what the stored study measured (a view would show one metric's values
     under another's name)."""
-    stored = (record.stored_definition(study) or {}).get("objectives")
+    stored = (study_record.stored_definition(study) or {}).get("objectives")
     if stored is not None and stored != objective_names(spec):
         raise StudyFileError(
             f"{spec.source}: study.metric: the stored study {spec.study.name!r} measured {', '.join(stored)}, "

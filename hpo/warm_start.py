@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import record, search
+from hpo import record, search, study_record
 from hpo.errors import StudyFileError
 from hpo.storage import StorageRef, mask, open_storage, resolve_storage
 from trainer.config import TrainConfig
@@ -64,7 +64,11 @@ def plan(spec: StudySpec, storage: StorageRef) -> Plan:
             study = optuna.load_study(study_name=spec.study.name, storage=open_storage(storage, create=False))
         except KeyError:
             study = None
-    done = set(study.user_attrs.get(record.STUDY_ATTR_WARM_STARTED_FROM, [])) if study is not None else set()
+    done = (
+        set(study.user_attrs.get(study_record.STUDY_ATTR_WARM_STARTED_FROM, []))
+        if study is not None
+        else set()
+    )
     source_ref = resolve_storage(spec, warm.storage, spec.source) if warm.storage else storage
     for key, name in [*(("studies", n) for n in warm.studies), ("enqueue_best_of", warm.enqueue_best_of)]:
         if name is None or (key == "studies" and name in done):
@@ -95,7 +99,7 @@ def plan(spec: StudySpec, storage: StorageRef) -> Plan:
 
 def apply(spec: StudySpec, study: optuna.Study, planned: Plan, log: Any = print) -> None:
     """Write the plan into this study (the launcher, holding the study's lease)."""
-    done = list(study.user_attrs.get(record.STUDY_ATTR_WARM_STARTED_FROM, []))
+    done = list(study.user_attrs.get(study_record.STUDY_ATTR_WARM_STARTED_FROM, []))
     for warning in planned.warnings:
         log(f"warning: {warning}")
     # A launch stopped between adding trials and marking the study may have imported some.
@@ -108,7 +112,7 @@ def apply(spec: StudySpec, study: optuna.Study, planned: Plan, log: Any = print)
         trials = [t for t in trials if t.user_attrs[record.ATTR_IMPORTED_FROM] not in already]
         study.add_trials(trials)
         done.append(name)
-        study.set_user_attr(record.STUDY_ATTR_WARM_STARTED_FROM, done)
+        study.set_user_attr(study_record.STUDY_ATTR_WARM_STARTED_FROM, done)
         log(
             f"warm start: imported {len(trials)} completed trials of study {name!r} (not counted in the budget)"
         )
@@ -124,7 +128,7 @@ def apply(spec: StudySpec, study: optuna.Study, planned: Plan, log: Any = print)
             study.enqueue_trial(params)
         best_of = spec.study.warm_start.enqueue_best_of
         done.append(f"best-of:{best_of}")
-        study.set_user_attr(record.STUDY_ATTR_WARM_STARTED_FROM, done)
+        study.set_user_attr(study_record.STUDY_ATTR_WARM_STARTED_FROM, done)
         log(f"enqueued the {len(queued)} best configurations of study {best_of!r} to run first")
     study.set_user_attr(STUDY_ATTR_RANKS, ranks_per_trial(spec))
 
@@ -137,7 +141,7 @@ def _load(spec: StudySpec, ref: StorageRef, name: str, key: str) -> optuna.Study
         source = optuna.load_study(study_name=name, storage=open_storage(ref, create=False))
     except KeyError:
         raise missing from None
-    stored = record.stored_definition(source)
+    stored = study_record.stored_definition(source)
     theirs = stored["objectives"] if stored else None
     ours = search.objective_names(spec)
     if theirs is not None and theirs != ours:
@@ -154,7 +158,7 @@ def _load(spec: StudySpec, ref: StorageRef, name: str, key: str) -> optuna.Study
 def _translate(spec: StudySpec, source: optuna.Study) -> tuple[list[optuna.trial.FrozenTrial], list[str]]:
     """The source's completed trials as trials of this study's space, and why others were dropped."""
     space = search.distributions(spec)
-    definition = record.stored_definition(source) or {}
+    definition = study_record.stored_definition(source) or {}
     ranks_there = int(source.user_attrs.get(STUDY_ATTR_RANKS, ranks_per_trial(spec)))
     trials: list[optuna.trial.FrozenTrial] = []
     dropped: list[str] = []

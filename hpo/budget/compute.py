@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from hpo import record
+from hpo import record, study_record
 from hpo.slurm import accounting
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class BudgetGate:
             self.last = measure(self.spec, self.study.get_trials(deepcopy=False), self.ray_jobs)
             assert self.last is not None
             if trials_ended != self._ended_seen:  # stored for the views, not on every re-measure
-                record.store_spent_hours(self.study, self.last.spent)
+                study_record.store_spent_hours(self.study, self.last.spent)
             self._ended_seen, self._measured_at = trials_ended, now
         assert self.last is not None
         return self.last.allows_another

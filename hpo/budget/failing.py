@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from hpo import failures, record
+from hpo import failures, record, study_record
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -98,6 +98,6 @@ def end(study: optuna.Study, spec: StudySpec, verdict: Verdict, cut_short: Seque
     """Store the verdict on the study (``hpo status`` shows it; ``--workers`` jobs stop on it) and
     take its trials, and those the launch cut short, out of the trial budget; returns its line."""
     line = verdict.line(spec)
-    record.store_set_up_failures(study, [*verdict.trials, *cut_short])
-    record.store_stopped(study, line, verdict.trials[-1], "the rest of the budget", kind="failing")
+    study_record.store_set_up_failures(study, [*verdict.trials, *cut_short])
+    study_record.store_stopped(study, line, verdict.trials[-1], "the rest of the budget", kind="failing")
     return line

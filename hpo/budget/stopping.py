@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import record, search
+from hpo import record, search, study_record
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -188,7 +188,7 @@ def end_if_met(study: optuna.Study, spec: StudySpec) -> str | None:
     if verdict is None:
         return None
     saved = saving(study, spec)
-    record.store_stopped(study, verdict.reason, verdict.at_trial, saved)
+    study_record.store_stopped(study, verdict.reason, verdict.at_trial, saved)
     return f"stop rule met after trial {verdict.at_trial}: {verdict.reason}; saved {saved}"
 
 

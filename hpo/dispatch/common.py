@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import failures, record, search, warm_start
+from hpo import failures, record, search, study_record, warm_start
 from hpo.budget import failing, stopping
 from hpo.budget.compute import BudgetGate
 from hpo.dispatch.lease import Lease
@@ -93,7 +93,7 @@ def open_study(
     study = search.load(spec, backend, create=True)
     search.check_direction(study, spec)
     if search.check_definition(study, spec, allow_space_change=allow_space_change):
-        record.store_definition(study, search.definition(spec))
+        study_record.store_definition(study, search.definition(spec))
     search.name_objective(study, spec)
     if reseed:
         # A relaunch continues the seeded sequence elsewhere instead of replaying its first proposals.
@@ -205,11 +205,11 @@ class Dispatcher:
 
     def _cancelled(self) -> bool:
         """`hpo cancel` since this launch (acknowledged to it once)."""
-        requested = record.cancel_requested_at(self.study)
+        requested = study_record.cancel_requested_at(self.study)
         if requested < self.started:
             return False
         if not self.cancel_seen:
-            record.acknowledge_cancel(self.study, requested)
+            study_record.acknowledge_cancel(self.study, requested)
             self.cancel_seen = True
             self.log("hpo cancel: submitting no more trials")
         return True
@@ -302,7 +302,7 @@ class Dispatcher:
         state = self.slurm.state(entry.job) if entry.executor == "slurm" else "exited"
         detail = executors.error_line(self.spec, entry.job_id, entry.tasks)
         reason = f"job {entry.job_id} {state} without telling a result" + (f": {detail}" if detail else "")
-        if record.cancel_requested_at(self.study) >= self.started:
+        if study_record.cancel_requested_at(self.study) >= self.started:
             # Seen before `hpo cancel` wrote its own reason on the trial: the cancel ended it.
             return f"{record.REASON_CANCELLED} ({reason})"
         return reason
@@ -393,7 +393,7 @@ def summarize(study: optuna.Study, spec: StudySpec, log: Log = print, since: flo
     counts: dict[str, int] = {}
     for trial in record.own_trials(study):
         counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
-    cancelled = record.cancel_requested_at(study) >= since > 0
+    cancelled = study_record.cancel_requested_at(study) >= since > 0
     summary = LaunchSummary(
         counts=counts, best_number=None, best_value=None, best_params={}, cancelled=cancelled
     )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from hpo import record, warm_start
+from hpo import record, study_record, warm_start
 from hpo.dispatch import lease
 from hpo.dispatch.common import LaunchOptions, LaunchSummary, Log, open_study, queue_retries, summarize
 from hpo.dispatch.per_trial import PerTrialDispatcher
@@ -45,14 +45,14 @@ def _launch_held(
     claim: lease.Lease,
 ) -> LaunchSummary:
     stored = len(record.counted_trials(study))
-    enqueued = record.enqueue_first_trials(study, spec)
+    enqueued = study_record.enqueue_first_trials(study, spec)
     log(
         f"study {spec.study.name!r} in {mask(str(storage))}: {stored} of {spec.study.n_trials} trials stored"
         + (f", {enqueued} enqueued to run first" if enqueued else "")
     )
     # Failures told while no launcher watched (a trial failing after a launcher was stopped).
     queue_retries(study, spec, log)
-    record.clear_failing_stop(study)  # an earlier launch's verdict: this one judges its own trials
+    study_record.clear_failing_stop(study)  # an earlier launch's verdict: this one judges its own trials
     deadline = None if spec.study.timeout_min is None else time.time() + 60 * spec.study.timeout_min
     progress = Progress(spec, study, deadline, log) if options.progress else None
     shown = progress.log if progress else log

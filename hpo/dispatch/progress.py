@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from hpo import record
+from hpo import record, study_record
 from hpo.slurm import accounting
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class Progress:
         unit = "GPU-hours" if res.gpus_per_node else "CPU-hours"
         limit = self.spec.study.budget
         # With a budget, the launcher's measure (sacct's figures for Slurm jobs) once it has one.
-        total = record.spent_hours(self.study) if limit is not None else None
+        total = study_record.spent_hours(self.study) if limit is not None else None
         if total is None:
             total = 0.0
             for t in record.own_trials(self.study):  # failed trials that were retried cost too

@@ -21,7 +21,7 @@ import optuna
 from optuna import visualization as vis
 from optuna.visualization import matplotlib as vis_mpl
 
-from hpo import record, search
+from hpo import record, search, study_record
 from hpo.budget import stopping
 from hpo.errors import LaunchError, StudyFileError, optional_extra
 from hpo.observe import views
@@ -322,7 +322,7 @@ def _write_summary(
             "budget": spec.study.budget,
             "left": None if spec.study.budget is None else max(0.0, spec.study.budget - cost.total),
         },
-        "stopped": record.stopped(study),
+        "stopped": study_record.stopped(study),
         "terminator": stopping.terminator_evaluation(study),
         "imported_trials": record.imported_count(study),
         "measurements": {

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from hpo.dispatch.ray.cluster import read_rendezvous, rendezvous_path
 from hpo.errors import LaunchError
-from hpo.record import STUDY_ATTR_RAY_JOB
+from hpo.study_record import STUDY_ATTR_RAY_JOB
 
 if TYPE_CHECKING:
     import optuna

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from submitit.core.utils import JobPaths
 
-from hpo import paths, record, search
+from hpo import paths, record, search, study_record
 from hpo.budget import stopping
 from hpo.config.user_code import placeholders, render
 from hpo.dispatch.lease import Lease
@@ -243,14 +243,14 @@ def ending_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
     lines = []
     if spec.study.budget is not None:
         # The Ray backend spends its allocations' hours, idle slots included: the driver's figure.
-        stored = record.spent_hours(study)
+        stored = study_record.spent_hours(study)
         spent = stored if spec.study.backend == "ray" and stored is not None else cost.total
         left = max(0.0, spec.study.budget - spent)
         lines.append(
             f"budget: {accounting.format_hours(spent)} of {accounting.format_hours(spec.study.budget)} "
             f"{cost.unit} spent, {accounting.format_hours(left)} left"
         )
-    stopped = record.stopped(study)
+    stopped = study_record.stopped(study)
     if stopped and stopped.get("kind") == "failing":
         lines.append(f"last launch stopped: {stopped['reason']}")
     elif stopped:
@@ -428,16 +428,18 @@ def cancel(spec: StudySpec, ref: StorageRef, study: optuna.Study) -> list[str]:
     found in the queue by the study's job names (a job submitted but not yet recorded)."""
 
     requested = time.time()
-    record.request_cancel(study, requested)
+    study_record.request_cancel(study, requested)
     lines = []
-    ray_job = record.ray_job(study)
+    ray_job = study_record.ray_job(study)
     if ray_job:  # the one allocation of a Ray-backed study holds all its trials and its driver
         _cancel_job(spec, "slurm", str(ray_job))
         lines.append(f"Ray job {ray_job}: cancelled")
     holder = Lease(ref, spec.study.name).held_by_another()
     if holder is not None:
         deadline = time.monotonic() + CANCEL_WAIT_S
-        while record.cancel_seen_at(study) < requested and Lease(ref, spec.study.name).held_by_another():
+        while (
+            study_record.cancel_seen_at(study) < requested and Lease(ref, spec.study.name).held_by_another()
+        ):
             if time.monotonic() > deadline:
                 lines.append(f"the launcher ({holder}) did not confirm within {CANCEL_WAIT_S:.0f} s; "
                              "cancelling what is stored and queued")  # fmt: skip

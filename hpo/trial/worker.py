@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from submitit.core.utils import UncompletedJobError
 
-from hpo import record, search
+from hpo import record, search, study_record
 from hpo.budget import compute, failing
 from hpo.storage import StorageRef, open_storage, with_retries
 from hpo.trial import retries
@@ -56,7 +56,7 @@ class WorkerTask:
         while record.started_count(study) < self.spec.study.n_trials:  # enqueued ones count once run
             if self.deadline_unix is not None and time.time() >= self.deadline_unix:
                 break
-            if record.cancel_requested_at(study) >= self.started:
+            if study_record.cancel_requested_at(study) >= self.started:
                 break
             spending = compute.measure(self.spec, study.get_trials(deepcopy=False))
             reason = self._reason_to_stop(study, spending, job_started, longest_trial_s)
@@ -92,7 +92,7 @@ class WorkerTask:
     ) -> str | None:
         """Why this worker takes no further trial (a stop rule, the launch's first trials failing
         the same way, the compute budget, too little time left in the job), or None."""
-        stopped = record.stopped(study)
+        stopped = study_record.stopped(study)
         if stopped and float(stopped.get("at", 0)) >= self.started:
             return f"stop rule met ({stopped['reason']})"
         if self.spec.study.fail_fast and failing.check(record.ended_since(study, self.started)):

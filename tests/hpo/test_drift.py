@@ -168,17 +168,17 @@ def test_a_study_stored_before_a_trainer_setting_existed_relaunches(stored_study
     file that sets one of them otherwise is a change like any other."""
     import optuna
 
-    from hpo import record
+    from hpo import study_record
 
     document, study_file, options = stored_study
     storage = options[1] if options else journal(document)
 
     study = optuna.load_study(study_name=document["study"]["name"], storage=storage)
-    definition = record.stored_definition(study)
+    definition = study_record.stored_definition(study)
     assert definition is not None
     for key in ("cycle_momentum", "base_momentum", "val_image_size"):
         del definition["fixed"][key]
-    record.store_definition(study, definition)
+    study_record.store_definition(study, definition)
     again = run_hpo("launch", str(study_file), *options, timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
     line = one_line_refusal(

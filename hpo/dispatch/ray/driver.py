@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import record, warm_start
+from hpo import record, study_record, warm_start
 from hpo.budget import stopping
 from hpo.budget.compute import BudgetGate
 from hpo.dispatch.common import open_study
@@ -161,7 +161,7 @@ def run(
     study, backend, planned = open_study(spec, storage, reseed=False, allow_space_change=allow_space_change)
     leftovers = fail_leftovers(study)
     warm_start.apply(spec, study, planned, log)
-    record.enqueue_first_trials(study, spec)
+    study_record.enqueue_first_trials(study, spec)
     remaining = spec.study.n_trials - record.started_count(study)
     log(f"study {spec.study.name!r}: {spec.study.n_trials - remaining} of {spec.study.n_trials} trials stored"
         + (f" ({leftovers} left running by an ended Ray job, now failed)" if leftovers else ""))  # fmt: skip
@@ -274,7 +274,7 @@ def _ending(spec: StudySpec, study: optuna.Study) -> Callable[[optuna.Study], st
     """Why Tune may start no further trial: a stop rule met, or the compute budget reached (the
     hours of the study's Slurm allocations, whole; estimates for a local Ray). Read again when a
     trial has ended, the budget at least every ``compute.REMEASURE_S``."""
-    gate = BudgetGate(spec, study, ray_jobs=record.ray_jobs(study))
+    gate = BudgetGate(spec, study, ray_jobs=study_record.ray_jobs(study))
     checked = [-1]
 
     def ending(live: optuna.Study) -> str | None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from submitit.core.utils import pickle_load
 
-from hpo import record, search
+from hpo import record, search, study_record
 from hpo.budget import compute
 from hpo.dispatch import lease
 from hpo.dispatch.common import open_study
@@ -50,7 +50,7 @@ def _launch_on_slurm(
     spec: StudySpec, storage: StorageRef, study: optuna.Study, objective: Objective | None, log: Any
 ) -> optuna.Study:
     probe = executors.SlurmStates(log=log)
-    job_id = record.ray_job(study)
+    job_id = study_record.ray_job(study)
     job = executors.slurm_job(spec, str(job_id)) if job_id else None
     if job is not None and not probe.ended(job):
         log(f"the study's Ray job {job_id} is still running: following it")
@@ -58,12 +58,12 @@ def _launch_on_slurm(
         counted = record.started_count(study)
         if counted >= spec.study.n_trials:
             return study
-        spending = compute.measure(spec, study.get_trials(deepcopy=False), record.ray_jobs(study))
+        spending = compute.measure(spec, study.get_trials(deepcopy=False), study_record.ray_jobs(study))
         if spending is not None and not spending.allows_another:
             log(f"compute budget reached: {spending.line()}: no Ray job submitted")
             return study
         job = _submit(spec, storage, objective, spec.study.n_trials - counted, log)
-        record.set_ray_job(study, str(job.job_id))
+        study_record.set_ray_job(study, str(job.job_id))
     _follow(spec, study, job, probe, log)
     return study
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import record, search
+from hpo import record, search, study_record
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -38,10 +38,10 @@ class _Gate:
 
     def closed(self, study: optuna.Study) -> str | None:
         """None to start a trial, HOLD for not now, or why no more trials start."""
-        requested = record.cancel_requested_at(study)
+        requested = study_record.cancel_requested_at(study)
         if requested >= self.launched_at:
             if not self.cancel_seen:
-                record.acknowledge_cancel(study, requested)  # the cancel is told it was seen
+                study_record.acknowledge_cancel(study, requested)  # the cancel is told it was seen
                 self.cancel_seen = True
                 self.log("hpo cancel: starting no more trials")
             return "cancelled"
