@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from hpo.config import load_study  # noqa: E402
 from hpo.dispatch.launch import LaunchOptions, launch  # noqa: E402
-from hpo.dispatch.ray.launch import launch as ray_launch  # noqa: E402
+from hpo.dispatch.ray.launch import run_on_ray  # noqa: E402
 from hpo.storage import resolve_storage  # noqa: E402
 from hpo.trial.objective import FixedDurationObjective  # noqa: E402
 
@@ -74,7 +74,7 @@ def run_mode(mode: str, folder: Path, storage_url: str, n: int, k: int, seconds:
     objective = FixedDurationObjective(seconds)
     started = time.monotonic()
     if mode == "ray":
-        ray_launch(spec, storage, "slurm", objective=objective, log=lambda line: None)
+        run_on_ray(spec, storage, "slurm", objective=objective, log=lambda line: None)
     else:
         options = LaunchOptions(
             executor="slurm", workers=k if mode == "workers" else None, objective=objective, progress=False

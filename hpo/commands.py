@@ -17,7 +17,6 @@ import functools
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -232,20 +231,12 @@ def launch(request: Request, spec: StudySpec, storage: StorageRef) -> int:
     launches.record(Path(spec.source), spec.study.name, str(storage), spec.workdir)
     if request.detach:
         return _detach(request, spec, storage)
-    if spec.study.backend == "ray":
-        from hpo.dispatch import common
-        from hpo.dispatch.ray import launch as ray_launch
+    from hpo.dispatch import launch as launcher
 
-        started = time.time()
-        study = ray_launch.launch(spec, storage, executor, allow_space_change=request.allow_space_change)
-        summary = common.summarize(study, spec, since=started)
-    else:
-        from hpo.dispatch import launch as launcher
-
-        options = launcher.LaunchOptions(
-            executor=executor, workers=request.workers, allow_space_change=request.allow_space_change
-        )
-        summary = launcher.launch(spec, storage, options)
+    options = launcher.LaunchOptions(
+        executor=executor, workers=request.workers, allow_space_change=request.allow_space_change
+    )
+    summary = launcher.launch(spec, storage, options)
     if summary.failing:
         raise LaunchError(summary.failing)
     if summary.best_number is None and not summary.cancelled:
@@ -258,7 +249,7 @@ def observe(request: Request, spec: StudySpec, storage: StorageRef) -> int:
     from hpo import study_record
     from hpo.observe import views
 
-    study = views.open_study(spec, storage)  # a missing study: a one-line error, not an empty page
+    study = views.load_study(spec, storage)  # a missing study: a one-line error, not an empty page
     if request.command == "dashboard":
         from hpo.observe import dashboard
 

@@ -1,5 +1,6 @@
-"""``hpo launch`` on the Optuna backend: keep trials in flight until the budget is met, as per-trial
-jobs or as ``--workers``, then summarize."""
+"""``hpo launch``: the study's remaining trials on its backend, then a summary. On the Optuna
+backend, trials are kept in flight until the budget is met, as per-trial jobs or as ``--workers``;
+on the Ray backend, Ray Tune runs them (``hpo.dispatch.ray.launch``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hpo.dispatch import lease
 from hpo.dispatch.common import LaunchOptions, LaunchSummary, Log, open_study, queue_retries, summarize
 from hpo.dispatch.per_trial import PerTrialDispatcher
 from hpo.dispatch.progress import Progress
+from hpo.dispatch.ray.launch import run_on_ray
 from hpo.dispatch.workers import WorkerDispatcher
 from hpo.paths import private_dir
 from hpo.slurm import executors
@@ -27,6 +29,12 @@ __all__ = ["LaunchOptions", "LaunchSummary", "launch", "summarize"]
 
 
 def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Log = print) -> LaunchSummary:
+    if spec.study.backend == "ray":
+        started = time.time()
+        study = run_on_ray(
+            spec, storage, options.executor, log=log, allow_space_change=options.allow_space_change
+        )
+        return summarize(study, spec, since=started)
     private_dir(spec.workdir)  # logs, checkpoints, submitit's pickles: the owner's only
     study, backend, planned = open_study(spec, storage, allow_space_change=options.allow_space_change)
     with lease.held(storage, spec.study.name) as claim:

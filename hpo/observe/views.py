@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from hpo.config import StudySpec
 
 
-def open_study(spec: StudySpec, ref: StorageRef) -> optuna.Study:
+def load_study(spec: StudySpec, ref: StorageRef) -> optuna.Study:
+    """The stored study, for reading: never created, and any problem reaching it is one line."""
 
     try:
         # A view answers at once: a database that stops answering later, mid-view, raises

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from hpo.config import StudySpec
 
 
-def launch(
+def run_on_ray(
     spec: StudySpec,
     storage: StorageRef,
     executor: str,
