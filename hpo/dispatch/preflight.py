@@ -171,7 +171,7 @@ def check_qos_wall(spec: StudySpec) -> None:
         ).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return  # no accounting to ask: let sbatch judge
-    walls = dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+    walls = parse_qos_walls(out)
     if not walls:
         return
     if qos not in walls:
@@ -189,6 +189,26 @@ def check_qos_wall(spec: StudySpec) -> None:
         )
 
 
+def parse_qos_walls(out: str) -> dict[str, str]:
+    """``sacctmgr -n -P show qos format=Name,MaxWall``: QoS name -> its MaxWall as printed (empty
+    when it has none)."""
+    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+
+
+def parse_node_capacity(out: str, partition: str | None) -> dict[str, tuple[int, int]]:
+    """``sinfo -h -N -o %N|%c|%G|%P``: node -> (CPUs, GPUs), of ``partition`` (sinfo was asked
+    for it) or else of the default partition, the one sinfo marks with ``*``. GPUs are counted
+    from the GRES, typed (``gpu:a100:8``) or not (``gpu:4``), socket bindings (``(S:0-1)``) aside."""
+    capacity: dict[str, tuple[int, int]] = {}
+    for line in out.splitlines():
+        name, cpus, gres, in_partition = [*line.split("|"), "", "", ""][:4]
+        if not partition and not in_partition.endswith("*"):
+            continue  # sbatch without --partition uses the default one
+        gpus = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", gres))
+        capacity[name] = (int(cpus) if cpus.isdigit() else 0, gpus)
+    return capacity
+
+
 def check_partition_capacity(spec: StudySpec, nodes: int, gpus_per_node: int, cpus_per_node: int) -> None:
     """Refuse, before submitting, a job that the partition can never run (it would pend forever)."""
     args = ["sinfo", "-h", "-N", "-o", "%N|%c|%G|%P"]
@@ -198,13 +218,7 @@ def check_partition_capacity(spec: StudySpec, nodes: int, gpus_per_node: int, cp
         out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return  # no sinfo answer: let sbatch judge
-    capacity: dict[str, tuple[int, int]] = {}
-    for line in out.splitlines():
-        name, cpus, gres, partition = [*line.split("|"), "", "", ""][:4]
-        if not spec.resources.partition and not partition.endswith("*"):
-            continue  # sbatch without --partition uses the default one, which sinfo marks with *
-        gpus = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", gres))
-        capacity[name] = (int(cpus) if cpus.isdigit() else 0, gpus)
+    capacity = parse_node_capacity(out, spec.resources.partition)
     where = f"partition {spec.resources.partition}" if spec.resources.partition else "the default partition"
     if not capacity:
         raise NotReadyError(

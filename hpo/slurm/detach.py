@@ -65,28 +65,42 @@ def submit(spec: StudySpec, launch: Callable[[], int], argv: list[str]) -> str:
     """Submit the launcher's job; returns its job id."""
 
     folder = private_dir(executors.jobs_folder(spec) / "launcher")  # submitit's pickles are code
-    launcher, res = spec.launcher, spec.resources
     # A study that runs for days goes through many time limits: each is one requeue.
     executor = submitit.SlurmExecutor(
-        folder=folder / "%j", python=res.python or sys.executable, max_num_timeout=1000
+        folder=folder / "%j", python=spec.resources.python or sys.executable, max_num_timeout=1000
     )
+    params = launcher_parameters(spec)
+    executor.update_parameters(**params)
+    job = executor.submit(DetachedLaunch(launch, argv, str(Path.cwd())))
+    executors.remove_unnamed_folder(folder)
+    return str(job.job_id)
+
+
+def launcher_parameters(spec: StudySpec) -> dict[str, Any]:
+    """The launcher job's Slurm parameters: one task on one node, the study file's ``launcher``
+    section, no GPU."""
+    launcher = spec.launcher
     params: dict[str, Any] = {
         "job_name": executors.job_name(spec, "launcher"),
         "time": launcher.time_min,
         "nodes": 1,
         "ntasks_per_node": 1,
         "cpus_per_task": launcher.cpus_per_task,
-        "setup": list(res.setup),
+        "setup": list(spec.resources.setup),
         "additional_parameters": {"requeue": True, **launcher.sbatch},
     }
     for key in ("partition", "account", "qos"):
         value = getattr(launcher, key)
         if value is not None:
             params[key] = value
-    executor.update_parameters(**params)
-    job = executor.submit(DetachedLaunch(launch, argv, str(Path.cwd())))
-    executors.remove_unnamed_folder(folder)
-    return str(job.job_id)
+    return params
+
+
+def render_sbatch(spec: StudySpec) -> str:
+    """The launcher job's sbatch script (compared with a reference file by the tests)."""
+    return executors.sbatch_text(
+        spec, launcher_parameters(spec), executors.jobs_folder(spec) / "launcher" / "%j"
+    )
 
 
 def log_path(spec: StudySpec, job_id: str) -> Path:

@@ -146,14 +146,18 @@ def render_sbatch(
     """The sbatch script a trial job (or ``--workers`` job array) would be submitted with (for
     ``--dry-run``, and compared with reference files by the tests)."""
 
-    folder = jobs_folder(spec) / "%j"
+    params = slurm_parameters(spec, job_name, workers, time_min)
+    if workers:  # a --workers job array: submitit numbers its tasks and caps how many run at once
+        params["map_count"] = workers
+    return sbatch_text(spec, params, jobs_folder(spec) / "%j")
+
+
+def sbatch_text(spec: StudySpec, params: dict[str, Any], folder: Path) -> str:
+    """The script submitit submits with ``params`` from ``folder``."""
     python = spec.resources.python or sys.executable
     command = f"{python} -u -m submitit.core._submit {shlex.quote(str(folder))}"
     # submitit renders the script at submission with this function; calling it directly works
     # where there is no srun (a SlurmExecutor refuses to exist there).
-    params = slurm_parameters(spec, job_name, workers, time_min)
-    if workers:  # a --workers job array: submitit numbers its tasks and caps how many run at once
-        params["map_count"] = workers
     text: str = _make_sbatch_string(command=command, folder=folder, **params)
     return text
 
@@ -185,7 +189,13 @@ def queued_jobs(spec: StudySpec) -> list[str]:
     )
     if proc.returncode != 0:
         raise LaunchError(f"squeue failed: {proc.stderr.strip() or proc.returncode}")
-    return proc.stdout.split()
+    return parse_job_ids(proc.stdout)
+
+
+def parse_job_ids(out: str) -> list[str]:
+    """``squeue -h -o %i``: the job ids, one per line, as scancel and sacct take them: an array
+    task as ``1562_0`` (with ``-r``), a pending array's tasks as one ``1562_[0-2]`` (without)."""
+    return [line.strip() for line in out.splitlines() if line.strip()]
 
 
 def controller_away(err: BaseException) -> bool:
@@ -234,7 +244,7 @@ def user_queue() -> set[str] | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return set(proc.stdout.split()) if proc.returncode == 0 else None
+    return set(parse_job_ids(proc.stdout)) if proc.returncode == 0 else None
 
 
 def slurm_job(spec: StudySpec, job_id: str) -> submitit.Job[Any]:

@@ -1,7 +1,8 @@
 """The sbatch scripts the service submits, compared line by line with reference files (as
 submitit's own tests do): a per-trial job on one CPU, a 2-node DDP trial with Jean Zay's account,
-QoS, constraint and module line, and a `--workers` job array. A change to what reaches Slurm shows
-up here as a diff, reviewed before it lands.
+QoS, constraint and module line, a `--workers` job array, the `--detach` launcher's CPU job, and
+a Ray backend's 2-node allocation. A change to what reaches Slurm shows up here as a diff,
+reviewed before it lands.
 
 To regenerate the references after an intended change: HPO_REGENERATE_GOLDEN=1 pytest
 tests/hpo/test_sbatch_golden.py, then read the diff.
@@ -16,7 +17,8 @@ from typing import Any
 import pytest
 
 from hpo.config.schema import build_spec
-from hpo.slurm import executors
+from hpo.dispatch.ray.launch import allocation_spec
+from hpo.slurm import detach, executors
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "sbatch"
 BASE: dict[str, Any] = {
@@ -59,12 +61,38 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+JEAN_ZAY_A100 = CASES["ddp-jean-zay"][0]
+OTHER_JOBS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # The detached launcher: one CPU task on the launcher section's partition and account.
+    "launcher-jean-zay": (
+        {"launcher": {"partition": "prepost", "account": "abc@cpu", "time": "20h", "cpus_per_task": 2}},
+        JEAN_ZAY_A100,
+    ),
+    # The Ray allocation: 2 nodes of 4 GPUs, one task each holding its share of 8 trials in flight.
+    "ray-allocation": (
+        {"study": {**BASE["study"], "backend": "ray", "max_concurrent": 8, "n_trials": 40}},
+        {**JEAN_ZAY_A100, "tasks_per_node": 1, "gpus_per_node": 1, "cpus_per_task": 10, "nodes": 2},
+    ),
+}
+
+
+def _render(case: str) -> str:
+    if case in CASES:
+        resources, options = CASES[case]
+        spec = build_spec({**BASE, "resources": resources}, "golden.yaml")
+        role = options.pop("role", "") if options else ""
+        return executors.render_sbatch(spec, executors.job_name(spec, role), **options)
+    sections, resources = OTHER_JOBS[case]
+    spec = build_spec({**BASE, "resources": resources, **sections}, "golden.yaml")
+    if case.startswith("launcher"):
+        return detach.render_sbatch(spec)
+    allocation, time_min = allocation_spec(spec, remaining=spec.study.n_trials)
+    return executors.render_sbatch(allocation, executors.job_name(spec, "ray"), time_min=time_min)
+
+
+@pytest.mark.parametrize("case", sorted([*CASES, *OTHER_JOBS]))
 def test_the_sbatch_script_is_the_reference_one(case: str) -> None:
-    resources, options = CASES[case]
-    spec = build_spec({**BASE, "resources": resources}, "golden.yaml")
-    role = options.pop("role", "") if options else ""
-    text = executors.render_sbatch(spec, executors.job_name(spec, role), **options)
+    text = _render(case)
     reference = GOLDEN / f"{case}.sbatch"
     if os.environ.get("HPO_REGENERATE_GOLDEN"):
         reference.write_text(text)

@@ -1,6 +1,7 @@
-"""What the service reads from Slurm's commands, parsed from their recorded output: sacct's
-elapsed time and allocation per job (every run of a requeued job summed, GPUs typed or not), with
-no cluster to ask."""
+"""What the service reads from Slurm's commands, parsed from their recorded output with no cluster
+to ask: sacct's elapsed time and allocation per job (every run of a requeued job summed, GPUs
+typed or not), squeue's job ids (array tasks), sacctmgr's QoS time limits and sinfo's nodes (the
+pre-flight checks). Files under tests/golden/ say in their first lines where they come from."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from hpo.slurm import accounting
+from hpo.config.values import parse_duration_min
+from hpo.dispatch import preflight
+from hpo.slurm import accounting, executors
 
-RECORDED = Path(__file__).resolve().parents[1] / "golden" / "sacct"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 
-def _recorded(name: str) -> str:
+def _recorded(name: str, command: str = "sacct") -> str:
     return "".join(
-        line for line in (RECORDED / name).read_text().splitlines(True) if not line.startswith("#")
+        line for line in (GOLDEN / command / name).read_text().splitlines(True) if not line.startswith("#")
     )
 
 
@@ -32,3 +35,34 @@ def test_gpus_are_read_typed_or_not_and_an_unfinished_line_is_skipped() -> None:
     assert usage["8813"].gpu_hours == pytest.approx(0.5)  # gres/gpu:a100=1 only
     assert usage["8814_3"].gpu_hours == pytest.approx(600 / 3600)  # an array task keeps its id
     assert "8815" not in usage  # no elapsed time yet
+
+
+def test_squeue_ids_keep_array_tasks_apart_and_a_pending_array_whole() -> None:
+    assert executors.parse_job_ids(_recorded("user-jobs-r.txt", "squeue")) == [
+        "1563",
+        "1562_0",
+        "1562_1",
+        "1562_2",
+    ]
+    # Without -r (the study's jobs that `hpo cancel` hands to scancel): the array as one id.
+    assert executors.parse_job_ids(_recorded("study-jobs.txt", "squeue")) == ["1563", "1562_[0-2]"]
+    assert executors.parse_job_ids("\n") == []
+
+
+def test_sacctmgr_qos_limits_read_with_and_without_days() -> None:
+    local = preflight.parse_qos_walls(_recorded("qos-local.txt", "sacctmgr"))
+    assert local == {"normal": "", "short5": "00:05:00"}
+    assert parse_duration_min("MaxWall", local["short5"]) == 5
+    walls = preflight.parse_qos_walls(_recorded("qos-days.txt", "sacctmgr"))
+    assert parse_duration_min("MaxWall", walls["qos_gpu-t4"]) == 4 * 24 * 60
+    assert parse_duration_min("MaxWall", walls["qos_gpu-t3"]) == 20 * 60
+    assert walls["normal"] == ""  # no limit
+
+
+def test_sinfo_nodes_of_the_default_or_the_named_partition_with_their_gpus() -> None:
+    local = _recorded("nodes-local.txt", "sinfo")
+    assert preflight.parse_node_capacity(local, None) == {"n1": (2, 0), "n2": (2, 0)}
+    assert preflight.parse_node_capacity(local, "isolated")["n3"] == (2, 0)
+    gpu = _recorded("nodes-gpu.txt", "sinfo")
+    assert preflight.parse_node_capacity(gpu, None) == {"gpu001": (40, 4), "gpu002": (40, 4)}
+    assert preflight.parse_node_capacity(gpu, "gpu_p5")["gpu100"] == (64, 8)

@@ -68,11 +68,11 @@ def _launch_on_slurm(
     return study
 
 
-def _submit(
-    spec: StudySpec, storage: StorageRef, objective: Objective | None, remaining: int, log: Any
-) -> Any:
+def allocation_spec(spec: StudySpec, remaining: int) -> tuple[StudySpec, int]:
+    """The Ray allocation as a study whose one task per node holds that node's share of the
+    concurrent trials, and its time limit in minutes: enough for ``remaining`` trials in waves of
+    ``max_concurrent`` (or ``resources.worker_time``), at most a day."""
     slots = slots_per_node(spec)
-    # The allocation: `nodes` nodes, each with room for its share of the concurrent trials.
     node_resources = dataclasses.replace(
         spec.resources,
         tasks_per_node=1,
@@ -81,7 +81,13 @@ def _submit(
     )
     waves = math.ceil(remaining / spec.study.max_concurrent)
     time_min = spec.resources.worker_time_min or min(24 * 60, spec.resources.time_min * waves + 10)
-    allocation = dataclasses.replace(spec, resources=node_resources)
+    return dataclasses.replace(spec, resources=node_resources), time_min
+
+
+def _submit(
+    spec: StudySpec, storage: StorageRef, objective: Objective | None, remaining: int, log: Any
+) -> Any:
+    allocation, time_min = allocation_spec(spec, remaining)
     executor = executors.make_executor(
         allocation, "slurm", job_name=executors.job_name(spec, "ray"), time_min=time_min
     )
@@ -90,7 +96,7 @@ def _submit(
         job = executors.submit_when_controller_answers(lambda: executor.submit(task), log)
     except Exception as err:
         raise LaunchError(f"Ray job submission failed: {one_line(err, last=True, name=False)}") from None
-    log(f"Ray job {job.job_id} submitted: {spec.resources.nodes} nodes, {slots} trials per node, "
+    log(f"Ray job {job.job_id} submitted: {spec.resources.nodes} nodes, {slots_per_node(spec)} trials per node, "
         f"{time_min} min; storage {mask(str(storage))}")  # fmt: skip
     return job
 
