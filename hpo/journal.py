@@ -26,15 +26,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
 from hpo.errors import NotReadyError
+
+log = logging.getLogger(__name__)
 
 PARTIAL_SUFFIX = ".partial"
 """Where cut-off bytes are set aside, beside the journal: kept for a post-mortem, never read."""
@@ -96,8 +98,7 @@ class _held:
         try:
             self.lock.release()
         except RuntimeError:  # Optuna broke the lock after its 30 s grace: this write was slower
-            print(f"hpo: journal {self.path}: its lock was taken over after a stall of 30 s or more",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            log.warning("hpo: journal %s: its lock was taken over after a stall of 30 s or more", self.path)
 
 
 def _write_error(path: str, err: OSError) -> JournalWriteError:
@@ -148,8 +149,13 @@ def _keep_aside(path: str, dropped: bytes, what: str) -> None:
         where = f"set aside in {aside}"
     except OSError as err:  # a full disk: the bytes were unreadable anyway
         where = f"dropped ({err.strerror} writing {aside})"
-    print(f"hpo: journal {path}: {what} ({len(dropped)} bytes, cut off by a crash or a full disk) "
-          f"{where}", file=sys.stderr, flush=True)  # fmt: skip
+    log.warning(
+        "hpo: journal %s: %s (%d bytes, cut off by a crash or a full disk) %s",
+        path,
+        what,
+        len(dropped),
+        where,
+    )
 
 
 def repair(path: str) -> int:
