@@ -10,6 +10,7 @@ re-attached by their stored job ids). A preemption or node failure requeues it t
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -19,11 +20,14 @@ from typing import TYPE_CHECKING, Any
 import submitit
 from submitit.core.utils import JobPaths
 
+from hpo import joblog
 from hpo.paths import private_dir
 from hpo.slurm import executors
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
+
+log = logging.getLogger(__name__)
 
 # What submitit's job environment reads while the job runs (its signal handler needs the job id
 # and the rank): kept when the launcher's own SLURM_* variables are dropped.
@@ -43,13 +47,14 @@ class DetachedLaunch:
     workdir: str
 
     def __call__(self) -> int:
+        joblog.to_stdout()
         # The trial jobs this launcher submits inherit its environment: the launcher job's own
         # SLURM_* settings (its CPUs, memory, task count) must not become theirs.
         for name in [n for n in os.environ if n.startswith("SLURM_") and n not in _SUBMITIT_NEEDS]:
             del os.environ[name]
         os.chdir(self.workdir)
         restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
-        print(f"detached launcher (restart {restarts}): hpo {' '.join(self.argv)}", flush=True)
+        log.info(f"detached launcher (restart {restarts}): hpo {' '.join(self.argv)}")
         status = self.launch()
         if status != 0:
             raise SystemExit(status)

@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import dataclasses
 import json
+import logging
 import math
 import os
 import queue
@@ -40,6 +41,8 @@ from trainer.reporting import Decision
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
+
+log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024
 """Bytes of one output line that are read at once (a longer one is read in pieces)."""
@@ -238,7 +241,7 @@ class _Command:
         if self._terminated.wait(WAIT_FOR_OWN_SIGNAL_S):
             # Slurm is ending the job (scancel, scontrol requeue, preemption): the trial stays
             # RUNNING for the requeued job, or for the launcher to fail from Slurm's state.
-            print(f"the command ended by {name} with its job; waiting for Slurm to end this job", flush=True)
+            log.info(f"the command ended by {name} with its job; waiting for Slurm to end this job")
             time.sleep(WAIT_FOR_SLURM_KILL_S)
         raise ObjectiveFailed(
             f"the command was killed by {name}; last output line: {self.last_line['stdout']!r}"

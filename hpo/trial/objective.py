@@ -9,14 +9,12 @@ stands in for training when only dispatch is measured.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import os
-import sys
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hpo import record
+from hpo import joblog, record
 from hpo.config.user_code import import_function
 from hpo.paths import checkpoint_dir, private_dir, profile_dir, tensorboard_dir
 from hpo.trial import client
@@ -95,7 +93,7 @@ class TrainerObjective:
         from trainer import train
 
         torch.set_num_threads(spec.resources.cpus_per_task)
-        _trainer_log_to_stdout()
+        joblog.to_stdout()  # the trainer's epoch lines in the job's output (`hpo logs`)
         profiled = isinstance(trial_key, int) and trial_key < spec.study.profile_trials
         config = spec.trainer_config(
             params,
@@ -142,18 +140,6 @@ class TrainerObjective:
                 ),
             },
         )
-
-
-def _trainer_log_to_stdout() -> None:
-    """The trainer's epoch lines in the job's output (`hpo logs`), as `python -m trainer` prints
-    them; in a trial process nothing else configures logging, and INFO would be dropped."""
-    logger = logging.getLogger("trainer")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("[trainer] %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
 
 
 @dataclasses.dataclass

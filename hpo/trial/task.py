@@ -11,6 +11,7 @@ The trial process tells its own final state, so a result is stored even if the l
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import subprocess
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 import submitit
 
-from hpo import record, search
+from hpo import joblog, record, search
 from hpo.errors import one_line
 from hpo.slurm import accounting
 from hpo.storage import StorageRef, open_storage, with_retries
@@ -32,6 +33,8 @@ from hpo.trial.reporter import OptunaReporter
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -48,6 +51,7 @@ class TrialTask:
     """Requeues in a row whose run stored no new epoch (see ``checkpoint``)."""
 
     def __call__(self) -> dict[str, Any]:
+        joblog.to_stdout()
         rank = _export_rank_environment()
         if rank != 0:
             result = self.objective(self.spec, self.trial_number, dict(self.params), None)
@@ -59,7 +63,7 @@ class TrialTask:
         trial = record.attach(study, self.trial_number)
         if trial is None:
             message = f"trial {self.trial_number} is already finished in the study; nothing to run"
-            print(message, flush=True)
+            log.info(message)
             if self.spec.resources.world_size > 1:
                 # The other ranks are already starting to train: a failing rank 0 makes srun
                 # (--kill-on-bad-exit) end them now rather than after the DDP timeout.
@@ -139,7 +143,7 @@ def run_attached(
             **job_identity(),
         },
     )
-    print(f"rank 0 reporting to study {spec.study.name!r}, trial {trial.number}: {trial.params}", flush=True)
+    log.info(f"rank 0 reporting to study {spec.study.name!r}, trial {trial.number}: {trial.params}")
     try:
         reporter = OptunaReporter(trial, spec.study.metric, multi_objective=bool(spec.study.also_minimize))
         reporter.abort = _RUN.stop_reason  # a requeue signal may have come already
@@ -149,18 +153,18 @@ def run_attached(
         if REQUEUE_REQUESTED.is_set() and (isinstance(err, SystemExit) or _requeue_under_way(err)):
             # submitit requeued the job (preemption or time limit): the trial stays RUNNING and
             # the requeued job resumes it from its last checkpoint.
-            print(f"trial {trial.number} requeued; it resumes from its last checkpoint", flush=True)
+            log.info(f"trial {trial.number} requeued; it resumes from its last checkpoint")
             raise
         # The user's objective says in its own words why it failed: no exception name before them.
         reason = _RUN.stop_reason or one_line(err, name=not isinstance(err, ObjectiveFailed))
         if retries.is_out_of_memory(err):
             _finish_attrs(spec, trial, started, {})
             record.tell_infeasible(study, trial, reason, search.directions(spec))
-            print(f"trial {trial.number} infeasible (out of memory): {reason}", flush=True)
+            log.info(f"trial {trial.number} infeasible (out of memory): {reason}")
             return {"rank": 0, "state": "INFEASIBLE", "value": record.worst_value(spec.study.direction)}
         _finish_attrs(spec, trial, started, {record.ATTR_FAIL_REASON: reason})
         _tell(study, trial, state=optuna.trial.TrialState.FAIL)
-        print(f"trial {trial.number} FAIL: {reason}", flush=True)
+        log.info(f"trial {trial.number} FAIL: {reason}")
         raise
     attrs = _finish_attrs(spec, trial, started, result.attrs)
     if result.pruned:
@@ -170,7 +174,7 @@ def run_attached(
         cost = [cost_objective(spec, attrs)] if spec.study.also_minimize else []
         _tell(study, trial, values=[result.value, *cost])
         state = "COMPLETE"
-    print(f"trial {trial.number} {state}: {spec.study.metric}={result.value:.4f}", flush=True)
+    log.info(f"trial {trial.number} {state}: {spec.study.metric}={result.value:.4f}")
     return {"rank": 0, "state": state, "value": result.value}
 
 

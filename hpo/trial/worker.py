@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 import traceback
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from submitit.core.utils import UncompletedJobError
 
-from hpo import record, search, study_record
+from hpo import joblog, record, search, study_record
 from hpo.budget import compute, failing
 from hpo.storage import StorageRef, open_storage, with_retries
 from hpo.trial import retries
@@ -19,6 +20,8 @@ from hpo.trial.task import run_attached
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -35,7 +38,7 @@ class WorkerTask:
     """The worker job's time limit: no trial is started that could not end within it."""
 
     def __call__(self) -> dict[str, Any]:
-
+        joblog.to_stdout()
         job_started = time.time()
         longest_trial_s = 0.0
         study = with_retries(  # connecting is outside the storage's own policy
@@ -61,7 +64,7 @@ class WorkerTask:
             spending = compute.measure(self.spec, study.get_trials(deepcopy=False))
             reason = self._reason_to_stop(study, spending, job_started, longest_trial_s)
             if reason:
-                print(f"worker stops: {reason}", flush=True)
+                log.info(f"worker stops: {reason}")
                 break
             if spending is not None and not spending.allows_another:
                 time.sleep(compute.REMEASURE_S)  # no trial has finished yet to say what one costs

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import secrets
 import signal
@@ -32,12 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 import submitit
 
+from hpo import joblog
 from hpo.dispatch.ray import driver
 from hpo.storage import StorageRef
 from hpo.trial.objective import Objective
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
+
+log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 180
 _PORT_NAMES = (
@@ -85,7 +89,7 @@ class RayClusterTask:
     objective: Objective | None = None  # None: the trainer, as the driver sets it up
 
     def __call__(self) -> dict[str, Any]:
-
+        joblog.to_stdout()
         env = submitit.JobEnvironment()
         job_id, rank, nodes = str(env.job_id), env.global_rank, env.num_tasks
         temp_dir = f"/tmp/ray-{job_id}-{rank}"
@@ -115,10 +119,7 @@ class RayClusterTask:
         rdv.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         _write_json(rdv, {"address": address, "head": _node_name(), "dashboard_port": named["dashboard-port"],
                           "job_id": job_id, "done": False})  # fmt: skip
-        print(
-            f"ray head on {_node_name()} ({address}), dashboard on 127.0.0.1:{named['dashboard-port']}",
-            flush=True,
-        )
+        log.info(f"ray head on {_node_name()} ({address}), dashboard on 127.0.0.1:{named['dashboard-port']}")
         watcher = threading.Thread(target=_report_joined, args=(rdv, nodes), daemon=True)
         watcher.start()
         try:
@@ -140,7 +141,7 @@ class RayClusterTask:
         named.pop("dashboard-port", None)
         named.pop("ray-client-server-port", None)
         _ray_start([f"--address={data['address']}"], named, node_ip, temp_dir, self.spec)
-        print(f"ray worker on {_node_name()} joined {data['address']}", flush=True)
+        log.info(f"ray worker on {_node_name()} joined {data['address']}")
         joined_marker(rdv, rank).touch()
         try:  # stay until the head is done: the job ends when every task has returned
             while not (read_rendezvous(rdv) or {}).get("done"):
@@ -184,10 +185,10 @@ def _report_joined(rdv: Path, nodes: int) -> None:
     while True:
         joined = 1 + sum(1 for rank in range(1, nodes) if joined_marker(rdv, rank).exists())
         if joined == nodes:
-            print(f"ray cluster: {nodes} of {nodes} nodes up", flush=True)
+            log.info(f"ray cluster: {nodes} of {nodes} nodes up")
             return
         if time.monotonic() > deadline:
-            print(f"ray cluster: only {joined} of {nodes} nodes joined within {JOIN_TIMEOUT_S} s", flush=True)
+            log.warning(f"ray cluster: only {joined} of {nodes} nodes joined within {JOIN_TIMEOUT_S} s")
             return
         time.sleep(0.5)
 
