@@ -111,12 +111,12 @@ FAST_MODULES = {
     "tests/test_docs.py",
     "tests/test_hpo_cli.py",
     "tests/hpo/test_imports.py",
-    "tests/hpo/test_report_figures.py",
-    "tests/hpo/test_retries.py",
-    "tests/hpo/test_sbatch_golden.py",
-    "tests/hpo/test_schema.py",
-    "tests/hpo/test_slurm_outputs.py",
-    "tests/hpo/test_submit_retry.py",
+    "tests/hpo/observe/test_report_figures.py",
+    "tests/hpo/trial/test_retries.py",
+    "tests/hpo/slurm/test_sbatch_golden.py",
+    "tests/hpo/config/test_schema.py",
+    "tests/hpo/slurm/test_slurm_outputs.py",
+    "tests/hpo/slurm/test_submit_retry.py",
 }
 
 

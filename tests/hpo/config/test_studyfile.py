@@ -25,7 +25,7 @@ from hpo.slurm import executors
 from hpo.storage import StorageRef, has_password, mask, resolve_storage
 from trainer.yamlfile import load_yaml_mapping
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 QUICKSTART = REPO / "studies" / "quickstart.yaml"
 DLOJZ = REPO / "examples" / "dlojz" / "study.yaml"  # the user's own script as the objective
 HPO = str(Path(sys.executable).parent / "hpo")

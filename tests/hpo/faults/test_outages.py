@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import sqlalchemy
 
+from tests.hpo.faults.test_faults import check_budget_counted_from_sacct, kill_job_processes
 from tests.hpo.helpers import (
     fault_line,
     final_sacct_states,
@@ -33,7 +34,6 @@ from tests.hpo.helpers import (
     wait_for_trials,
     write_study,
 )
-from tests.hpo.test_faults import check_budget_counted_from_sacct, kill_job_processes
 
 pytestmark = pytest.mark.slow
 

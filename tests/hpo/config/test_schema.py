@@ -15,7 +15,7 @@ from jsonschema import Draft202012Validator
 from hpo.config.schema import json_schema
 from trainer.yamlfile import load_yaml_mapping
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COMMITTED = REPO / "docs" / "study.schema.json"
 REGENERATE = (
     "python -c 'import json; from hpo.config.schema import json_schema; "

@@ -85,7 +85,7 @@ def check_budget_met_once(document: dict[str, Any], storage: str, n_trials: int)
 def check_budget_counted_from_sacct(document: dict[str, Any], study_file: Path, storage: str) -> None:
     """What the study says it spent (`hpo status`, its study.budget line) is what sacct says its
     jobs used, within one trial's cost."""
-    from tests.hpo.test_budget import sacct_cpu_hours
+    from tests.hpo.budget.test_budget import sacct_cpu_hours
 
     status = run_hpo("status", str(study_file), "--storage", storage)
     found = re.search(r"^budget: ([0-9.e-]+) of [0-9.]+ CPU-hours spent", status.stdout, re.M)

@@ -13,7 +13,7 @@ from hpo.config.values import parse_duration_min
 from hpo.dispatch import preflight
 from hpo.slurm import accounting, executors
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 
 
 def _recorded(name: str, command: str = "sacct") -> str:

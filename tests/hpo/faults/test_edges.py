@@ -21,7 +21,7 @@ from tests.hpo.helpers import (
     start_hpo,
     write_study,
 )
-from tests.hpo.test_objective import _processes_with
+from tests.hpo.trial.test_objective import _processes_with
 
 # Reports "step N score X*N" for 4 steps, 0.5 s apart; the first run of each x fails after its
 # last report (a crash at the end of training), its retry succeeds.

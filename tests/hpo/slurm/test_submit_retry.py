@@ -1,6 +1,6 @@
 """The launcher's patience with an away Slurm controller, as pure logic: which sbatch failures are
 tried again, how long it waits, and that a cancel or a lost study ends the waiting. (The real
-outage, slurmctld stopped under a study, is tests/hpo/test_control_plane.py.)"""
+outage, slurmctld stopped under a study, is tests/hpo/faults/test_control_plane.py.)"""
 
 from __future__ import annotations
 

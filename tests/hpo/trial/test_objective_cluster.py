@@ -21,10 +21,10 @@ from tests.hpo.helpers import (
     wait_for_trials,
     write_study,
 )
-from tests.hpo.test_objective import _processes_with
+from tests.hpo.trial.test_objective import _processes_with
 from trainer.yamlfile import load_yaml_mapping
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "dlojz"
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ a Ray backend's 2-node allocation. A change to what reaches Slurm shows up here 
 reviewed before it lands.
 
 To regenerate the references after an intended change: HPO_REGENERATE_GOLDEN=1 pytest
-tests/hpo/test_sbatch_golden.py, then read the diff.
+tests/hpo/slurm/test_sbatch_golden.py, then read the diff.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hpo.config.schema import build_spec
 from hpo.dispatch.ray.launch import allocation_spec
 from hpo.slurm import detach, executors
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "sbatch"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "sbatch"
 BASE: dict[str, Any] = {
     "study": {"name": "golden", "workdir": "/work/runs/golden", "metric": "val_accuracy"},
     "search_space": {"lr": {"type": "float", "low": 0.01, "high": 1.0, "log": True}},

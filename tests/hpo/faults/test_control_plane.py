@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.hpo.faults.test_faults import check_budget_counted_from_sacct, check_budget_met_once, stored_steps
 from tests.hpo.helpers import (
     fault_line,
     final_sacct_states,
@@ -30,7 +31,6 @@ from tests.hpo.helpers import (
     wait_for_trials,
     write_study,
 )
-from tests.hpo.test_faults import check_budget_counted_from_sacct, check_budget_met_once, stored_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.injects_fault]
 

@@ -43,7 +43,7 @@ from hpo.config import PRUNERS, SAMPLERS, load_study
 from hpo.errors import StudyFileError
 from trainer.yamlfile import load_yaml_mapping
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HPO = str(Path(sys.executable).parent / "hpo")
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 
