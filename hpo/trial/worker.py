@@ -18,10 +18,10 @@ from hpo.trial import retries
 from hpo.trial.objective import Objective, TrainerObjective
 from hpo.trial.task import run_attached
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from hpo.config import StudySpec
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
