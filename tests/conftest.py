@@ -124,3 +124,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.relative_to(REPO).as_posix() in FAST_MODULES:
             item.add_marker(pytest.mark.fast)
+
+    # The tests of hpo run in the order of their files' names, not their folders': the fault tests
+    # that hold the cluster alone then sit among the others, and the two workers' halves (pytest-xdist
+    # hands each a contiguous half first) wait less for each other. Ordered by folder, the same
+    # tests took 1,828 s against 1,590 s; tests waited up to 158 s for the cluster's lock (52 s).
+    def place(item: pytest.Item) -> tuple[int, str]:
+        parts = item.path.relative_to(REPO / "tests").parts
+        return (0 if parts[0] == "hpo" else 1 if len(parts) == 1 else 2, item.path.name)
+
+    items.sort(key=place)  # stable: a file's tests keep their order
