@@ -1,15 +1,21 @@
-"""The learning-curve table that the replay benchmark runs strategies against, recorded by the
-service itself.
+"""The learning-curve tables that the replay benchmark runs strategies against, recorded by the
+service itself, one per task: ``bench/curves/TASK/`` holds the task's study file, its journal
+and its table.
 
-``record`` runs ``bench/curves/study.yaml`` with ``hpo launch`` on the local Slurm cluster: random
-configurations of the quickstart's search space, every one trained to the end without pruning.
-Then it repeats the first configurations under other training seeds (each seed its own study in
-the same journal, the configurations enqueued), to measure the noise a strategy cannot see
-through. Each launch resumes what an earlier sitting left: the journal is committed. ``export``
-writes the table, ``bench/curves/table.json``, from the journal.
+``record`` runs the task's ``study.yaml`` with ``hpo launch`` on the local Slurm cluster: random
+configurations of its search space, every one trained to the end without pruning. Then it
+repeats the first configurations under other training seeds (each seed its own study in the same
+journal, the configurations enqueued), to measure the noise a strategy cannot see through. Each
+launch resumes what an earlier sitting left: the journal is committed. ``export`` writes the
+task's ``table.json`` from the journal.
 
-    python bench/curves.py record                 # the study, the repeats, then export
-    python bench/curves.py export                 # the table from the journal as it stands
+A task of the built-in trainer records each epoch's seconds and the held-out test accuracy from
+the trainer's own measurements; a task of the user's own command reports them as named groups
+of its ``metric_pattern``: ``seconds`` (the epoch's), and ``test`` (held-out accuracy, if any).
+
+    python bench/curves.py record --task fmnist-resnet20-9ep   # the study, the repeats, then export
+    python bench/curves.py export --task fmnist-resnet20-9ep   # the table from the journal as it stands
+    python bench/curves.py list                                # the tasks and what each holds
 """
 
 from __future__ import annotations
@@ -34,27 +40,40 @@ from hpo import record, storage  # noqa: E402
 from hpo.config import load_study  # noqa: E402
 
 HPO = str(Path(sys.executable).parent / "hpo")
-STUDY_FILE = REPO / "bench/curves/study.yaml"
-TABLE = REPO / "bench/curves/table.json"
+CURVES = REPO / "bench/curves"
+FIRST_TASK = "fmnist-resnet20-9ep"
+"""The task the replay was first built on (and its default)."""
 REPEAT_SEEDS = (1, 2)
 REPEATED = 16
 """How many of the study's configurations are trained again under each other seed."""
 
 
-def repeat_name(seed: int) -> str:
-    return f"curves-seed{seed}"
+def tasks() -> list[str]:
+    return sorted(p.parent.name for p in CURVES.glob("*/study.yaml"))
 
 
-def load_document() -> dict[str, Any]:
-    document: dict[str, Any] = yaml.safe_load(STUDY_FILE.read_text())
+def study_file(task: str) -> Path:
+    return CURVES / task / "study.yaml"
+
+
+def table_path(task: str) -> Path:
+    return CURVES / task / "table.json"
+
+
+def repeat_name(main: str, seed: int) -> str:
+    return f"{main}-seed{seed}"
+
+
+def load_document(task: str) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(study_file(task).read_text())
     return document
 
 
-def _open(name: str) -> Any:
+def _open(task: str, name: str) -> Any:
     import optuna
 
-    spec = load_study(STUDY_FILE)
-    ref = storage.resolve_storage(spec, spec.study.storage, str(STUDY_FILE))
+    spec = load_study(study_file(task))
+    ref = storage.resolve_storage(spec, spec.study.storage, str(study_file(task)))
     return optuna.load_study(study_name=name, storage=storage.open_storage(ref, create=False))
 
 
@@ -64,26 +83,39 @@ def _launch(study_file: Path) -> None:
     subprocess.run(command, cwd=REPO, check=True)
 
 
-def record_table() -> None:
+def record_table(task: str) -> None:
     started = time.monotonic()
     subprocess.run(["bash", str(REPO / "deploy/local-cluster/up.sh")], check=True, stdout=subprocess.DEVNULL)
-    _launch(STUDY_FILE)
-    main = sorted(_completed(_open("curves")), key=lambda t: t.number)[:REPEATED]
+    _launch(study_file(task))
+    main_name = load_document(task)["study"]["name"]
+    main = sorted(_completed(_open(task, main_name)), key=lambda t: t.number)[:REPEATED]
     for seed in REPEAT_SEEDS:
-        document = load_document()
+        document = load_document(task)
         document["study"].update(
-            name=repeat_name(seed),
+            name=repeat_name(main_name, seed),
             n_trials=len(main),
             sampler={"name": "random", "seed": seed},
             enqueue=[dict(t.params) for t in main],
         )
-        document["trainer"]["seed"] = seed
-        path = REPO / "runs/curves" / f"repeat-seed{seed}.yaml"
+        _set_seed(document, seed)
+        path = REPO / document["study"]["workdir"] / f"repeat-seed{seed}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
+        # The copy sits in the workdir: the objective's folder stays the one the task's file names.
+        if "objective" in document:
+            cwd = study_file(task).parent / document["objective"].get("cwd", ".")
+            document["objective"]["cwd"] = str(cwd.resolve())
         path.write_text(yaml.safe_dump(document, sort_keys=False))
         _launch(path)
-    export()
+    export(task)
     print(f"recorded in {(time.monotonic() - started) / 3600:.2f} h (this sitting)")
+
+
+def _set_seed(document: dict[str, Any], seed: int) -> None:
+    """The training seed of a repeat: the trainer's, or the command's fixed ``seed``."""
+    if "objective" in document:
+        document["objective"].setdefault("fixed", {})["seed"] = seed
+    else:
+        document["trainer"]["seed"] = seed
 
 
 def _completed(study: Any) -> list[Any]:
@@ -92,33 +124,42 @@ def _completed(study: Any) -> list[Any]:
 
 def _row(trial: Any, metric: str) -> dict[str, Any]:
     curve = record.curve(trial)
-    seconds = trial.user_attrs[record.ATTR_EPOCH_SECONDS]
     asked = datetime.fromisoformat(trial.user_attrs[record.ATTR_ASKED_AT])
     finished = datetime.fromisoformat(trial.user_attrs[record.ATTR_FINISHED_AT])
-    epoch_total = sum(train + val for train, val in seconds)
+    if record.ATTR_EPOCH_SECONDS in trial.user_attrs:  # the built-in trainer's own measurements
+        seconds = trial.user_attrs[record.ATTR_EPOCH_SECONDS]
+        train_s, val_s = [train for train, _ in seconds], [val for _, val in seconds]
+        test = trial.user_attrs.get(record.ATTR_TEST_ACCURACY)
+    else:  # a command's: named groups of its metric_pattern, per step
+        reported = trial.user_attrs.get(record.ATTR_METRICS, {})
+        train_s = [float(reported["seconds"][str(step)]) for step in sorted(curve)]
+        val_s = [0.0] * len(train_s)  # the command's epoch seconds include its validation
+        tests = reported.get("test", {})
+        test = float(tests[str(max(curve))]) if str(max(curve)) in tests else None
+    epoch_total = sum(train_s) + sum(val_s)
     return {
         "number": trial.number,
         "params": dict(trial.params),
         metric: [curve[epoch] for epoch in sorted(curve)],
-        "test_accuracy": trial.user_attrs.get(record.ATTR_TEST_ACCURACY),
-        "train_s": [train for train, _ in seconds],
-        "val_s": [val for _, val in seconds],
+        "test_accuracy": test,
+        "train_s": train_s,
+        "val_s": val_s,
         # From the launcher's ask to the trial's end, what the epochs do not account for: the job's
         # submission and start, the imports, the data, the final test pass, the checkpoints.
         "overhead_s": round((finished - asked).total_seconds() - epoch_total, 3),
     }
 
 
-def export() -> dict[str, Any]:
-    spec = load_study(STUDY_FILE)
+def export(task: str) -> dict[str, Any]:
+    spec = load_study(study_file(task))
     metric = spec.study.metric
-    main = _open("curves")
+    main = _open(task, spec.study.name)
     rows = [_row(t, metric) for t in sorted(_completed(main), key=lambda t: t.number)]
     by_params = {json.dumps(r["params"], sort_keys=True): r["number"] for r in rows}
     repeats = []
     for seed in REPEAT_SEEDS:
         try:
-            study = _open(repeat_name(seed))
+            study = _open(task, repeat_name(spec.study.name, seed))
         except KeyError:  # not recorded yet
             continue
         for trial in sorted(_completed(study), key=lambda t: t.number):
@@ -129,15 +170,23 @@ def export() -> dict[str, Any]:
     asked = [datetime.fromisoformat(t.user_attrs[record.ATTR_ASKED_AT]) for t in _completed(main)]
     finished = [datetime.fromisoformat(t.user_attrs[record.ATTR_FINISHED_AT]) for t in _completed(main)]
     trial_hours = sum(sum(r["train_s"]) + sum(r["val_s"]) + r["overhead_s"] for r in rows + repeats) / 3600
+    document = load_document(task)
     table = {
+        "task": task,
         "description": "Learning curves of random configurations, each trained to the end without "
-        "pruning, recorded by `python bench/curves.py record` (bench/curves/study.yaml)",
+        f"pruning, recorded by `python bench/curves.py record --task {task}` "
+        f"({study_file(task).relative_to(REPO)})",
+        "study_file": str(study_file(task).relative_to(REPO)),
         "metric": metric,
-        "direction": "maximize",
-        "epochs": int(spec.trainer["epochs"]),
+        "direction": spec.study.direction or "maximize",
+        "epochs": spec.max_steps,
         "max_concurrent": spec.study.max_concurrent,
         "space": {name: _param(p) for name, p in spec.search_space.items()},
-        "trainer": {k: v for k, v in load_document()["trainer"].items()},
+        **(
+            {"objective": document["objective"]}
+            if "objective" in document
+            else {"trainer": document["trainer"]}
+        ),
         "machine": f"{platform.machine()}, {_cores()} cores, {platform.platform()}",
         "recorded_from": min(asked).isoformat(timespec="seconds") if asked else None,
         "recorded_until": max(finished).isoformat(timespec="seconds") if finished else None,
@@ -145,12 +194,14 @@ def export() -> dict[str, Any]:
         "configs": rows,
         "repeats": repeats,
     }
-    TABLE.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"{TABLE.relative_to(REPO)}: {len(rows)} configurations, {len(repeats)} repeats")
+    table_path(task).write_text(json.dumps(table, indent=1) + "\n")
+    print(f"{table_path(task).relative_to(REPO)}: {len(rows)} configurations, {len(repeats)} repeats")
     return table
 
 
 def _param(param: Any) -> dict[str, Any]:
+    if param.type == "categorical":
+        return {"type": "categorical", "choices": list(param.choices)}
     out = {"type": param.type, "low": param.low, "high": param.high, "log": param.log}
     if param.power_of_two:
         out["power_of_two"] = True
@@ -165,13 +216,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", choices=["record", "export"])
+    parser.add_argument("what", choices=["record", "export", "list"])
+    parser.add_argument("--task", choices=tasks(), default=FIRST_TASK)
     args = parser.parse_args(argv)
-    os.chdir(REPO)  # the study file's paths are relative to the repository
+    os.chdir(REPO)  # the study files' paths are relative to the repository
     if args.what == "record":
-        record_table()
+        record_table(args.task)
+    elif args.what == "export":
+        export(args.task)
     else:
-        export()
+        for task in tasks():
+            held = json.loads(table_path(task).read_text()) if table_path(task).exists() else None
+            what = (
+                f"{len(held['configs'])} configurations, {len(held['repeats'])} repeats"
+                if held
+                else "no table yet"
+            )
+            print(f"{task}: {what}")
     return 0
 
 

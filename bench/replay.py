@@ -2,7 +2,7 @@
 
 A strategy is a study's sampler and pruner (or the Ray backend's scheduler), built by the same
 code that builds them from a study file (``hpo.search``, ``hpo.dispatch.ray.driver``). The replay
-runs it against ``bench/curves/table.json`` instead of training: a proposed configuration gets the
+runs it against a recorded table (``bench/curves/TASK/table.json``) instead of training: a proposed configuration gets the
 curve of the nearest recorded configuration (the parameters scaled to [0, 1], log-scaled where the
 space is), epoch after epoch on a clock driven by the recorded seconds of each epoch and the
 trial's measured overhead (job start-up, data, checkpoints, final test), with ``max_concurrent``
@@ -51,7 +51,10 @@ from hpo.config import StudySpec  # noqa: E402
 from hpo.config.schema import build_spec  # noqa: E402
 from trainer.yamlfile import load_yaml_mapping  # noqa: E402
 
-TABLE = REPO / "bench/curves/table.json"
+CURVES = REPO / "bench/curves"
+CHOSEN_ON = "fmnist-resnet20-9ep"
+"""The task the shipped default was chosen on: the others are held out, its figures in-sample."""
+TABLE = CURVES / CHOSEN_ON / "table.json"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 DEFAULT_STUDY = REPO / "studies/quickstart.yaml"
 
@@ -105,6 +108,9 @@ class Table:
     configs: list[Recorded]
     repeats: list[tuple[int, Recorded]] = dataclasses.field(default_factory=list)
     """(the index in ``configs`` of the configuration repeated, its run under another seed)."""
+    task: str = ""
+    study_file: Path = DEFAULT_STUDY
+    """The study file a strategy's study is built from (its space, its objective or trainer)."""
 
     def __post_init__(self) -> None:
         self._points = np.array([self.scaled(c.params) for c in self.configs])
@@ -134,12 +140,18 @@ class Table:
             space=data["space"],
             configs=configs,
             repeats=[(index[row["of"]], recorded(row)) for row in data.get("repeats", [])],
+            task=data.get("task", path.parent.name),
+            study_file=REPO / data["study_file"] if "study_file" in data else DEFAULT_STUDY,
         )
 
     def scaled(self, params: dict[str, Any]) -> list[float]:
         """The parameters in [0, 1]: log-scaled for a log or power-of-two range."""
         out = []
         for name, p in self.space.items():
+            if p.get("type") == "categorical":  # its choices in their order (numbers: ascending)
+                choices = list(p["choices"])
+                out.append(choices.index(params[name]) / max(1, len(choices) - 1))
+                continue
             low, high, value = float(p["low"]), float(p["high"]), float(params[name])
             if p.get("log") or p.get("power_of_two"):
                 low, high, value = math.log(low), math.log(high), math.log(value)
@@ -244,9 +256,9 @@ LOOKUPS: dict[str, Lookup] = {
 # -- strategies ------------------------------------------------------------------------------
 
 
-def strategy_spec(name: str, table: Table, seed: int, default_study: Path = DEFAULT_STUDY) -> StudySpec:
-    """The default study file with the strategy's sampler, pruner or backend, its trainer the table's
-    (the pruners' resources are the table's epochs), built as a study file is."""
+def strategy_spec(name: str, table: Table, seed: int, default_study: Path | None = None) -> StudySpec:
+    """The table's study file with the strategy's sampler, pruner or backend (the pruners'
+    resources are the table's epochs), built as a study file is."""
     return spec_with(STRATEGIES[name], table, seed, default_study, name)
 
 
@@ -267,17 +279,21 @@ def apply_strategy(study: dict[str, Any], study_keys: dict[str, Any], seed: int)
 
 
 def spec_with(
-    study_keys: dict[str, Any], table: Table, seed: int, default_study: Path = DEFAULT_STUDY, name: str = ""
+    study_keys: dict[str, Any], table: Table, seed: int, default_study: Path | None = None, name: str = ""
 ) -> StudySpec:
-    document = load_yaml_mapping(default_study)
+    source = default_study or table.study_file
+    document = load_yaml_mapping(source)
     study = document["study"]
     apply_strategy(study, study_keys, seed)
     study["max_concurrent"] = table.max_concurrent
     if (study.get("pruner") or {}).get("name") == "hyperband":
         study["pruner"].setdefault("options", {}).setdefault("max_resource", table.epochs)
-    document["trainer"] = {**document.get("trainer", {}), "epochs": table.epochs}
+    if "objective" in document:  # the user's command: its steps are the pruners' resources
+        document["objective"]["steps"] = table.epochs
+    else:
+        document["trainer"] = {**document.get("trainer", {}), "epochs": table.epochs}
     study.pop("enqueue", None)  # the hand-picked start is not part of a strategy
-    return build_spec(document, f"{default_study} ({name or study_keys})")
+    return build_spec(document, f"{source} ({name or study_keys})")
 
 
 class Stopper(Protocol):
@@ -587,13 +603,19 @@ def compare(
             "trial_cost": statistics.median(r["trial_cost"] for r in rows if r["trial_cost"] is not None),
             "compute_to_target": _quartiles([r["compute_to_target"] for r in rows]),
             "best_at_equal_compute": _quartiles([r["best_at_equal_compute"] for r in rows], worst),
-            "test_accuracy_of_best": _quartiles([r["test_accuracy_of_best"] for r in rows], worst),
+            # None where the task keeps no held-out split (its table has no test accuracy).
+            "test_accuracy_of_best": _quartiles([r["test_accuracy_of_best"] for r in rows], worst)
+            if any(r["test_accuracy_of_best"] is not None for r in rows)
+            else None,
             "beats_random_at_equal_compute": round(sum(beats) / len(beats), 3) if beats else None,
             # The same best: with the nearest lookup, both found the same recorded configuration.
             "ties_random_at_equal_compute": round(sum(ties) / len(ties), 3) if ties else None,
         }
     return {
         "metric": table.metric,
+        # The lookup keeps values within [0, 1]: a target at that bound is one that seed noise
+        # added to a good curve reaches by being cut there, and no strategy can be told apart.
+        "saturated": table.direction == "maximize" and target >= 1.0,
         "lookup": lookup,
         "seeds": seeds,
         "random_trials": trials,
@@ -656,7 +678,9 @@ def print_table(result: dict[str, Any]) -> None:
         f"median total ({result['compute_budget_s'] / 3600:.2f} CPU-h)"
     )
 
-    def cell(q: dict[str, float | None], digits: int) -> str:
+    def cell(q: dict[str, float | None] | None, digits: int) -> str:
+        if q is None:
+            return "-"
         shown = ["inf" if v is None else f"{v:.{digits}f}" for v in (q["q1"], q["median"], q["q3"])]
         return f"{shown[1]} [{shown[0]}, {shown[2]}]"
 
@@ -670,7 +694,10 @@ def print_table(result: dict[str, Any]) -> None:
     print(
         "(median [first quartile, third quartile] over the seeds; inf: not reached within 3x random's compute)"
     )
-    if noise := result.get("noise"):
+    if result.get("saturated"):
+        print("saturated: random search's median best is the bound of the values (1.0); these figures tell "
+              "no strategy apart (the uniform draw of seed noise lifts good curves to the bound)")  # fmt: skip
+    if (noise := result.get("noise")) and noise["seed_sd_median"] is not None:
         print(f"noise floor: the last epoch's {result['metric']} moves by {noise['seed_sd_median']:.4f} "
               f"(median SD; max {noise['seed_sd_max']:.4f}) with the training seed alone "
               f"({noise['configurations_repeated']} configurations x {noise['seeds_each']} seeds); the best "
@@ -680,11 +707,81 @@ def print_table(result: dict[str, Any]) -> None:
               + ", ".join(f"{e + 1}: {c:.2f}" for e, c in enumerate(correlations)))  # fmt: skip
 
 
+def summarize(tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per strategy: each task's median compute to target and share of seeds that beat random at
+    equal compute, and the worst of them over every task and over the held-out ones (those the
+    shipped default was not chosen on). A target not reached counts as infinitely far. A task
+    whose target saturated (see ``compare``) is listed apart and judges nothing."""
+    names = [
+        n
+        for n in next(iter(tasks.values()))["strategies"]
+        if all(n in r["strategies"] for r in tasks.values())
+    ]
+    judged = {task: r for task, r in tasks.items() if not r.get("saturated")}
+    out: dict[str, Any] = {}
+    for name in names:
+        per_task = {
+            task: {
+                "compute_to_target": r["strategies"][name]["compute_to_target"]["median"],
+                "beats_random": r["strategies"][name]["beats_random_at_equal_compute"],
+            }
+            for task, r in judged.items()
+        }
+
+        def worst(group: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+            if not group:
+                return None
+            compute = [
+                math.inf if v["compute_to_target"] is None else v["compute_to_target"] for v in group.values()
+            ]
+            beats = [v["beats_random"] for v in group.values() if v["beats_random"] is not None]
+            return {"compute_to_target": _json(max(compute)), "beats_random": min(beats) if beats else None}
+
+        out[name] = {
+            "per_task": per_task,
+            "worst": worst(per_task),
+            "worst_held_out": worst({t: v for t, v in per_task.items() if t != CHOSEN_ON}),
+        }
+    return {"strategies": out, "saturated": sorted(set(tasks) - set(judged))}
+
+
+def print_summary(summary: dict[str, Any], all_tasks: Sequence[str]) -> None:
+    tasks = [t for t in all_tasks if t not in summary["saturated"]]
+    print(f"every task: median compute to target (x random's), share of seeds beating random at equal "
+          f"compute; worst over all tasks, and over those held out (all but {CHOSEN_ON})")  # fmt: skip
+
+    def cell(v: dict[str, Any] | None) -> str:
+        if v is None:
+            return "-"
+        compute = "inf" if v["compute_to_target"] is None else f"{v['compute_to_target']:.3f}"
+        beats = "-" if v["beats_random"] is None else f"{v['beats_random']:.0%}"
+        return f"{compute} / {beats}"
+
+    print(
+        f"{'strategy':18} "
+        + " ".join(f"{t[:22]:>22}" for t in tasks)
+        + f" {'worst':>14} {'worst held-out':>14}"
+    )
+    for name, s in summary["strategies"].items():
+        cells = " ".join(f"{cell(s['per_task'][t]):>22}" for t in tasks)
+        print(f"{name:18} {cells} {cell(s['worst']):>14} {cell(s['worst_held_out']):>14}")
+    for task in summary["saturated"]:
+        print(f"not judged: {task} (random search's median best reached the bound of the values, 1.0: "
+              "the seed noise drawn for a good curve lifts it there, and the strategies tie)")  # fmt: skip
+
+
+def recorded_tables() -> list[Path]:
+    """Every task's table, the one the default was chosen on first."""
+    paths = sorted(CURVES.glob("*/table.json"))
+    return sorted(paths, key=lambda p: p.parent.name != CHOSEN_ON)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--table", type=Path, default=TABLE)
+    parser.add_argument("--tasks", nargs="+", help="the tasks to replay (default: every recorded table)")
+    parser.add_argument("--table", type=Path, help="one table file instead of the tasks'")
     parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
     parser.add_argument("--seeds", type=int, default=50)
     parser.add_argument("--trials", type=int, default=64, help="random search's trials (the baseline)")
@@ -696,16 +793,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=REPO / "bench/results/replay.json")
     args = parser.parse_args(argv)
     names = ["random", *(n for n in args.strategies if n != "random")]
+    if args.table:
+        tables = [args.table]
+    elif args.tasks:
+        tables = [CURVES / task / "table.json" for task in args.tasks]
+    else:
+        tables = recorded_tables()
     started = time.monotonic()
-    result = compare(args.table, names, args.seeds, args.trials, args.lookup, args.processes)
-    print_table(result)
-    result["other_lookups"] = {}
-    for lookup in args.also_lookup:
-        other = compare(args.table, names, args.also_seeds, args.trials, lookup, args.processes)
+    result: dict[str, Any] = {
+        "lookup": args.lookup,
+        "seeds": args.seeds,
+        "random_trials": args.trials,
+        "chosen_on": CHOSEN_ON,
+        "tasks": {},
+        "other_lookups": {},
+    }
+    for path in tables:
+        task = Table.load(path).task
+        print(f"== task {task} ({path.relative_to(REPO) if path.is_relative_to(REPO) else path})")
+        result["tasks"][task] = compare(path, names, args.seeds, args.trials, args.lookup, args.processes)
+        print_table(result["tasks"][task])
         print()
-        print_table(other)
-        other.pop("runs")  # the figure draws the main lookup's runs; the others' summaries are kept
-        result["other_lookups"][lookup] = other
+        for lookup in args.also_lookup:
+            other = compare(path, names, args.also_seeds, args.trials, lookup, args.processes)
+            print_table(other)
+            print()
+            other.pop("runs")  # the figure draws the main lookup's runs; the others' summaries are kept
+            result["other_lookups"].setdefault(lookup, {})[task] = other
+    result["summary"] = summarize(result["tasks"])
+    print_summary(result["summary"], list(result["tasks"]))
     result["seconds"] = round(time.monotonic() - started, 1)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -1,7 +1,7 @@
 """The replay checked against reality: strategies run for real on the local Slurm cluster, set
 beside the replay's spread for the same settings.
 
-Each real study is the recording's study file (bench/curves/study.yaml: the same trainer, space
+Each real study is the recording's study file (bench/curves/fmnist-resnet20-9ep/study.yaml: the same trainer, space
 and data) with the strategy's sampler and pruner, ``--trials`` trials, ``max_concurrent`` as
 recorded, one per seed, run with ``hpo launch``. The replay then runs the same strategy with the
 same trial budget over many seeds; for each real run the check prints where its best value, its
@@ -35,7 +35,7 @@ from hpo import record, storage  # noqa: E402
 from hpo.config import load_study  # noqa: E402
 from trainer.yamlfile import load_yaml_mapping  # noqa: E402
 
-STUDY_FILE = REPO / "bench/curves/study.yaml"
+STUDY_FILE = REPO / "bench/curves/fmnist-resnet20-9ep/study.yaml"
 WORKDIR = REPO / "runs/replay-check"
 RESULT = REPO / "bench/results/replay-check.json"
 

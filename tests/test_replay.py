@@ -1,5 +1,5 @@
 """The replay simulator (bench/replay.py) on a hand-made table whose every event and charge is
-worked out below by hand, and the recorded table it replays (bench/curves/table.json)."""
+worked out below by hand, and the recorded tables it replays (bench/curves/TASK/table.json)."""
 
 from __future__ import annotations
 
@@ -161,27 +161,35 @@ def test_the_default_strategy_is_what_a_study_file_without_sampler_and_pruner_ge
 
 # -- the recorded table ----------------------------------------------------------------------
 
-TABLE = REPO / "bench/curves/table.json"
+TABLES = replay.recorded_tables()
 
 
-def test_the_recorded_table_loads_and_covers_the_space_it_claims() -> None:
-    data: dict[str, Any] = json.loads(TABLE.read_text())
-    table = Table.load(TABLE)
+@pytest.mark.parametrize("path", TABLES, ids=[p.parent.name for p in TABLES])
+def test_each_recorded_table_loads_and_covers_the_space_it_claims(path: Path) -> None:
+    data: dict[str, Any] = json.loads(path.read_text())
+    table = Table.load(path)
+    assert table.task == path.parent.name and table.study_file.exists()
     assert len(table.configs) >= 128 and table.epochs >= 9
+    held_out = table.configs[0].test_accuracy is not None  # a task keeps a held-out split, or none
     for config in table.configs:
         assert len(config.values) == len(config.epoch_s) == table.epochs
-        assert all(0 <= v <= 1 for v in config.values) and config.test_accuracy is not None
+        assert all(0 <= v <= 1 for v in config.values) and (config.test_accuracy is not None) == held_out
         assert all(s > 0 for s in config.epoch_s) and config.overhead_s > 0
         for name, p in table.space.items():
-            assert p["low"] <= config.params[name] <= p["high"], (name, config.params)
+            if p["type"] == "categorical":
+                assert config.params[name] in p["choices"], (name, config.params)
+            else:
+                assert p["low"] <= config.params[name] <= p["high"], (name, config.params)
     # Each parameter's range is covered: every quarter of it (log-scaled where the space is) holds
     # configurations (a random draw of 128 leaves one empty with probability under 1e-15).
-    # A power-of-two parameter is a choice: every value of it is drawn.
+    # A power-of-two or categorical parameter is a choice: every value of it is drawn.
     points = [table.scaled(c.params) for c in table.configs]
     for axis, (name, p) in enumerate(table.space.items()):
         if p.get("power_of_two"):
             choices = {2**k for k in range(int(p["low"]).bit_length() - 1, int(p["high"]).bit_length())}
             assert {c.params[name] for c in table.configs} == choices, name
+        elif p["type"] == "categorical":
+            assert {c.params[name] for c in table.configs} == set(p["choices"]), name
         else:
             assert {min(3, int(point[axis] * 4)) for point in points} == {0, 1, 2, 3}, name
     # The repeats: the same configurations under each other seed.
@@ -193,6 +201,45 @@ def test_the_recorded_table_loads_and_covers_the_space_it_claims() -> None:
         for row in rows:
             assert row["params"] == next(c["params"] for c in data["configs"] if c["number"] == row["of"])
     assert not math.isnan(sum(c.values[-1] for c in table.configs))
+
+
+def test_a_categorical_parameter_is_scaled_by_its_place_among_the_choices() -> None:
+    space = {
+        "batch_size": {"type": "categorical", "choices": [32, 64, 128]},
+        "lr": {"type": "float", "low": 0.01, "high": 1.0, "log": True},
+    }
+    config = Recorded({"batch_size": 32, "lr": 0.01}, A.values, A.epoch_s, A.overhead_s, A.test_accuracy)
+    table = Table("val_acc", "maximize", 3, 2, space, [config])
+    assert table.scaled({"batch_size": 64, "lr": 0.1}) == pytest.approx([0.5, 0.5])
+    assert table.scaled({"batch_size": 128, "lr": 1.0}) == pytest.approx([1.0, 1.0])
+
+
+def test_the_summary_takes_each_strategys_worst_task_and_its_worst_held_out_one() -> None:
+    def result(compute: float | None, beats: float, saturated: bool = False) -> dict[str, Any]:
+        return {"saturated": saturated,
+                "strategies": {"default": {"compute_to_target": {"median": compute},
+                                           "beats_random_at_equal_compute": beats}}}  # fmt: skip
+
+    whole = replay.summarize(
+        {
+            replay.CHOSEN_ON: result(0.2, 0.9),
+            "b": result(0.5, 0.7),
+            "c": result(None, 0.85),
+            "flat": result(0.01, 0.0, saturated=True),  # judges nothing
+        }
+    )
+    assert whole["saturated"] == ["flat"]
+    summary = whole["strategies"]["default"]
+    assert "flat" not in summary["per_task"]
+    assert summary["per_task"]["b"] == {"compute_to_target": 0.5, "beats_random": 0.7}
+    # A target not reached on one task makes the worst "not reached" (None), whatever the others.
+    assert summary["worst"] == {"compute_to_target": None, "beats_random": 0.7}
+    two = replay.summarize({replay.CHOSEN_ON: result(0.2, 0.9), "b": result(0.3, 0.82)})["strategies"][
+        "default"
+    ]
+    assert two["worst_held_out"] == {"compute_to_target": 0.3, "beats_random": 0.82}
+    one = replay.summarize({replay.CHOSEN_ON: result(0.2, 0.9)})["strategies"]["default"]
+    assert one["worst_held_out"] is None
 
 
 def test_quartiles_of_a_target_not_always_reached_stay_infinite_where_they_touch_it() -> None:
