@@ -117,6 +117,7 @@ FAST_MODULES = {
     "tests/hpo/config/test_schema.py",
     "tests/hpo/slurm/test_slurm_outputs.py",
     "tests/hpo/slurm/test_submit_retry.py",
+    "tests/hpo/dispatch/test_ray_searcher.py",
 }
 
 

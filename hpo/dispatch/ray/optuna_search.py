@@ -36,6 +36,15 @@ class _Gate:
     cancel_seen: bool = False
     ended: str = ""
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles the searcher into its experiment state. The callables stay behind: the
+        # launcher's log may be the builtin print, which Ray can replace in a driver (pickling it
+        # by reference then fails, and the Ray job with it), and a relaunch builds a new gate.
+        return {**self.__dict__, "log": None, "ending": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, log=_say, ending=_no_reason)
+
     def closed(self, study: optuna.Study) -> str | None:
         """None to start a trial, HOLD for not now, or why no more trials start."""
         requested = study_record.cancel_requested_at(study)
@@ -51,6 +60,14 @@ class _Gate:
                 self.log(reason)
             self.ended = reason
         return reason
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _no_reason(study: optuna.Study) -> str | None:
+    return None
 
 
 def _tell(
