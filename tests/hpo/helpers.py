@@ -100,9 +100,11 @@ def objective(params, trial):
 
 
 def start_hpo(*args: str, **env: str) -> subprocess.Popen[str]:
-    """``hpo ARGS`` as a child process, its output (stdout and stderr) collected for the assertions."""
+    """``hpo ARGS`` as a child process, its output (stdout and stderr) collected for the assertions.
+    It starts as from a terminal, a hang-up stopping it: a suite itself run under ``nohup`` would
+    otherwise pass on its ignored SIGHUP, which the launcher keeps ignoring by design."""
     return subprocess.Popen(
-        [HPO, *args],
+        ["env", "--default-signal=HUP", HPO, *args],
         cwd=REPO,
         env={**os.environ, "OMP_NUM_THREADS": "1", **env},
         stdout=subprocess.PIPE,
