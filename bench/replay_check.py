@@ -1,14 +1,15 @@
 """The replay checked against reality: strategies run for real on the local Slurm cluster, set
 beside the replay's spread for the same settings.
 
-Each real study is the recording's study file (bench/curves/fmnist-resnet20-9ep/study.yaml: the same trainer, space
-and data) with the strategy's sampler and pruner, ``--trials`` trials, ``max_concurrent`` as
+Each real study is the recording's study file (``bench/curves/TASK/study.yaml``: the same trainer
+or command, space and data) with the strategy's sampler and pruner, ``--trials`` trials, ``max_concurrent`` as
 recorded, one per seed, run with ``hpo launch``. The replay then runs the same strategy with the
 same trial budget over many seeds; for each real run the check prints where its best value, its
 held-out test accuracy and its compute fall in the replay's distribution (the percentile), and
 whether each lies within the replay's range.
 
     python bench/replay_check.py                     # default and random, seeds 1 and 2, 24 trials
+    python bench/replay_check.py --task dlojz-cnn-12ep   # on a task the default was not chosen on
     python bench/replay_check.py --only-replay       # the comparison again, from the runs recorded
 """
 
@@ -35,17 +36,22 @@ from hpo import record, storage  # noqa: E402
 from hpo.config import load_study  # noqa: E402
 from trainer.yamlfile import load_yaml_mapping  # noqa: E402
 
-STUDY_FILE = REPO / "bench/curves/fmnist-resnet20-9ep/study.yaml"
 WORKDIR = REPO / "runs/replay-check"
-RESULT = REPO / "bench/results/replay-check.json"
 
 
-def study_file(strategy: str, seed: int, trials: int) -> Path:
+def result_path(task: str) -> Path:
+    """The first task's check keeps its historical name; another task's is named after it."""
+    name = "replay-check" if task == replay.CHOSEN_ON else f"replay-check-{task}"
+    return REPO / f"bench/results/{name}.json"
+
+
+def study_file(task: str, strategy: str, seed: int, trials: int) -> Path:
     """The recording's study with the strategy's sampler and pruner, as the replay builds them."""
-    document = load_yaml_mapping(STUDY_FILE)
+    document = load_yaml_mapping(replay.CURVES / task / "study.yaml")
     study = document["study"]
-    replay.apply_strategy(study, replay.STRATEGIES[strategy], seed)
-    name = f"check-{strategy}-s{seed}"
+    epochs = replay.Table.load(replay.CURVES / task / "table.json").epochs
+    replay.apply_strategy(study, replay.STRATEGIES[strategy], seed, epochs)
+    name = f"check-{strategy}-s{seed}" if task == replay.CHOSEN_ON else f"check-{task}-{strategy}-s{seed}"
     study.update(
         name=name, n_trials=trials, storage=f"journal:{WORKDIR / name}.journal", workdir=str(WORKDIR / name)
     )
@@ -91,13 +97,15 @@ def replayed(
     return out
 
 
-def lookup_error(strategies: list[str], seeds: list[int], trials: int, table: replay.Table) -> dict[str, Any]:
+def lookup_error(
+    task: str, strategies: list[str], seeds: list[int], trials: int, table: replay.Table
+) -> dict[str, Any]:
     """Each real trial that ran every epoch, its last value against what each lookup gives for
     its parameters: how far the replay's curves are from a new training run of the same point."""
     pairs: list[tuple[dict[str, Any], float]] = []
     for strategy in strategies:
         for seed in seeds:
-            spec = load_study(study_file(strategy, seed, trials))
+            spec = load_study(study_file(task, strategy, seed, trials))
             ref = storage.resolve_storage(spec, spec.study.storage, spec.source)
             study = optuna.load_study(
                 study_name=spec.study.name, storage=storage.open_storage(ref, create=False)
@@ -169,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     # training, itself seeded, would repeat the recorded curves to the last digit.
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--trials", type=int, default=24)
+    parser.add_argument("--task", default=replay.CHOSEN_ON, help="a recorded task (bench/curves/TASK)")
     parser.add_argument("--replay-seeds", type=int, default=50)
     parser.add_argument("--only-replay", action="store_true", help="compare the runs already recorded")
     args = parser.parse_args(argv)
@@ -176,12 +185,17 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(
             ["bash", str(REPO / "deploy/local-cluster/up.sh")], check=True, stdout=subprocess.DEVNULL
         )
-    table = replay.Table.load()
-    result: dict[str, Any] = {"trials": args.trials, "replay_seeds": args.replay_seeds, "strategies": {}}
+    table = replay.Table.load(replay.CURVES / args.task / "table.json")
+    result: dict[str, Any] = {
+        "task": args.task,
+        "trials": args.trials,
+        "replay_seeds": args.replay_seeds,
+        "strategies": {},
+    }
     for strategy in args.strategies:
         real = []
         for seed in args.seeds:
-            path = study_file(strategy, seed, args.trials)
+            path = study_file(args.task, strategy, seed, args.trials)
             if not args.only_replay:
                 subprocess.run(
                     [str(Path(sys.executable).parent / "hpo"), "launch", str(path)], cwd=REPO, check=True
@@ -203,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                     ("pruned", 0),
                 ):
                     values = [s[key] for s in sample if s[key] is not None]
+                    if run[key] is None or not values:  # a task without a held-out split
+                        continue
                     inside = min(values) <= run[key] <= max(values)
                     cells.append(f"{key} {run[key]:.{digits}f} (replay percentile {percentile(run[key], values):.0%}"
                                  f"{'' if inside else ', OUTSIDE the range'})")  # fmt: skip
@@ -212,9 +228,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
     if "random" in result["strategies"]:
         result["machine_speed"] = machine_speed(result)
-    result["lookup_error"] = lookup_error(args.strategies, args.seeds, args.trials, table)
-    RESULT.write_text(json.dumps(result, indent=1) + "\n")
-    print(RESULT.relative_to(REPO))
+    result["lookup_error"] = lookup_error(args.task, args.strategies, args.seeds, args.trials, table)
+    out = result_path(args.task)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(out.relative_to(REPO))
     return 0
 
 

@@ -123,8 +123,9 @@ def test_the_noisy_surrogate_adds_one_runs_seed_noise_and_no_more(tmp_path: Path
     # ``low`` trained again under two other seeds: its three runs are 0.1 apart at every epoch.
     again = [Recorded({"lr": 0.01}, [0.4 + d, 0.6 + d], [1.0, 1.0], 0.0, 0.6 + d) for d in (0.1, 0.2)]
     table = Table("val_accuracy", "maximize", 2, 1, space, [low, high], repeats=[(0, r) for r in again])
-    scale = math.sqrt(3 / 2)  # the spread of one run around the truth, not around the mean of three
-    flat = [x for curve, test in table.noise() for x in (*curve, test)]
+    scale = replay._median_scale(3)  # the spread of one run around the truth, not around the median of three
+    assert scale == pytest.approx(1.13, abs=0.01)
+    flat = [x for group in table.noise() for curve, test in group.residuals for x in (*curve, test)]
     assert flat == pytest.approx([-0.1 * scale] * 3 + [0.0] * 3 + [0.1 * scale] * 3)
     # Halfway between the two points the surrogate is their mean, which carries half of one run's
     # noise variance (weights 1/2 and 1/2); the residual adds the other half.
@@ -132,9 +133,46 @@ def test_the_noisy_surrogate_adds_one_runs_seed_noise_and_no_more(tmp_path: Path
     noisy = replay.noisy_k_nearest(table, {"lr": 0.1}, k=2)
     assert noisy == replay.noisy_k_nearest(table, {"lr": 0.1}, k=2)  # deterministic
     added = [n - m for n, m in zip(noisy.values, mean.values, strict=True)]
-    assert any(added == pytest.approx([r * math.sqrt(1 / 2) for r in curve]) for curve, _ in table.noise())
+    residuals = [curve for group in table.noise() for curve, _ in group.residuals]
+    assert any(added == pytest.approx([r * math.sqrt(1 / 2) for r in curve]) for curve in residuals)
     # On a recorded point the surrogate is that run, whose own noise is already in it.
     assert replay.noisy_k_nearest(table, {"lr": 0.01}, k=2).values == pytest.approx(low.values, abs=1e-4)
+
+
+def test_a_run_that_collapsed_under_one_seed_is_a_fall_of_that_run_not_a_rise_of_the_others() -> None:
+    space = {"lr": {"type": "float", "low": 0.01, "high": 1.0, "log": True}}
+    good = Recorded({"lr": 0.1}, [0.5, 0.7], [1.0, 1.0], 0.0, None)
+    runs = [Recorded({"lr": 0.1}, values, [1.0, 1.0], 0.0, None) for values in ([0.5, 0.7], [0.1, 0.1])]
+    table = Table("val_accuracy", "maximize", 2, 1, space, [good], repeats=[(0, r) for r in runs])
+    residuals = sorted(curve for group in table.noise() for curve, _ in group.residuals)
+    scale = replay._median_scale(3)
+    # Around the mean (0.37, 0.5) the two runs that trained would each gain 0.13 and 0.2.
+    assert residuals == [pytest.approx([-0.4 * scale, -0.6 * scale]), [0.0, 0.0], [0.0, 0.0]]
+
+
+def test_a_configurations_noise_comes_from_the_repeats_that_end_nearest_it() -> None:
+    space = {"lr": {"type": "float", "low": 0.01, "high": 1.0, "log": True}}
+    configs, repeats = [], []
+    # Four repeated configurations ending at 0.2, 0.5, 0.8 and 0.9, their seeds 0.01 x level apart.
+    for i, level in enumerate([0.2, 0.5, 0.8, 0.9]):
+        configs.append(Recorded({"lr": 10 ** (-2 + i * 2 / 3)}, [level], [1.0], 0.0, None))
+        repeats += [
+            (i, Recorded(configs[i].params, [level + d * level], [1.0], 0.0, None)) for d in (-0.01, 0.01)
+        ]
+    table = Table("val_accuracy", "maximize", 1, 1, space, configs, repeats=repeats)
+    near = replay.level_matched(table.noise(), 0.85)
+    assert sorted(g.level for g in near) == [0.5, 0.8, 0.9]  # NOISE_GROUPS = 3, nearest first
+    # Half-way between the configurations ending at 0.8 and 0.9 (in log lr), the surrogate ends
+    # at 0.85: its draws are 0.8's, 0.9's or 0.5's seeds (0.008 to 0.009 and 0.005 from their
+    # median, or 0), never 0.2's (0.002), at the half of one run's noise the mean has not carried.
+    middle = {"lr": 10 ** (-1 / 3)}
+    smooth = replay.k_nearest(table, middle, k=2).values[-1]
+    assert smooth == pytest.approx(0.85)
+    added = {
+        round(abs(replay.noisy_k_nearest(table, middle, k=2, draw=d).values[-1] - smooth) / math.sqrt(1 / 2) / replay._median_scale(3), 4)
+        for d in range(40)
+    }  # fmt: skip
+    assert added <= {0.0, 0.005, 0.008, 0.009} and len(added) >= 3, added
 
 
 def test_the_default_strategy_is_what_a_study_file_without_sampler_and_pruner_gets(tmp_path: Path) -> None:
@@ -148,6 +186,7 @@ def test_the_default_strategy_is_what_a_study_file_without_sampler_and_pruner_ge
     ray = replay.spec_with(replay.STRATEGIES["ray-asha"], table, seed=0, default_study=study)
     stopper = replay.stopper_for(ray, table)
     assert type(stopper.scheduler).__name__ == "AsyncHyperBandScheduler"
+    assert stopper.scheduler._reduction_factor == 4  # Tune's default (its grace period, 1, as here)
     run = replay.replay(table, ray, lookup=in_ask_order(), n_trials=4)
     assert all(t.state in ("COMPLETE", "PRUNED") for t in run.trials) and len(run.trials) == 4
     # The Ray backend's default: Tune's median stopping rule, first deciding at the epoch Optuna's
@@ -246,3 +285,22 @@ def test_quartiles_of_a_target_not_always_reached_stay_infinite_where_they_touch
     assert replay._quartiles([1, 2, 3, 4, 5]) == {"q1": 2, "median": 3, "q3": 4}
     assert replay._quartiles([0.2, 0.5, math.inf, 0.3]) == {"q1": 0.275, "median": 0.4, "q3": None}
     assert replay._quartiles([1, math.inf, math.inf]) == {"q1": None, "median": None, "q3": None}
+
+
+def test_leave_one_task_out_chooses_without_the_task_and_scores_on_it() -> None:
+    def cell(compute: float | None, beats: float) -> dict[str, Any]:
+        return {"compute_to_target": compute, "beats_random": beats}
+
+    per_task = {
+        # good on a and b, useless on c: chosen whenever c is left out, and scored there.
+        "narrow": {"a": cell(0.2, 0.9), "b": cell(0.2, 0.9), "c": cell(None, 0.1)},
+        "broad": {"a": cell(0.4, 0.8), "b": cell(0.4, 0.8), "c": cell(0.4, 0.8)},
+        "random": {"a": cell(1.0, 0.0), "b": cell(1.0, 0.0), "c": cell(1.0, 0.0)},
+    }
+    summary = {"strategies": {n: {"per_task": t} for n, t in per_task.items()}}
+    folds = replay.leave_one_task_out(summary)
+    assert folds == {
+        "a": {"chosen": "broad", "compute_to_target": 0.4, "beats_random": 0.8},
+        "b": {"chosen": "broad", "compute_to_target": 0.4, "beats_random": 0.8},
+        "c": {"chosen": "narrow", "compute_to_target": None, "beats_random": 0.1},
+    }
