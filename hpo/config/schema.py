@@ -132,11 +132,12 @@ def _section_hint(key: str) -> str | None:
 
 def default_pruner(max_steps: int) -> PrunerSpec:
     """The pruner of a study file that names none: median stopping, its first decision at 4/9 of a
-    full run's steps. Replayed over the recorded learning curves (bench/replay.py, 50 seeds,
-    random search's 64 trials as the yardstick), TPE with it reached random search's median best
-    with 0.39x random's compute, against 0.43x without pruning and 0.53x with successive halving
-    from the first epoch: the OneCycle schedule's warm-up makes early epochs poor predictors of
-    the last. Median stopping from 2/3 of the steps did as well (0.37x); from the first, 0.69x."""
+    full run's steps. Replayed over three recorded tasks (bench/replay.py, 50 seeds, random
+    search's 64 trials as the yardstick), TPE with it reached random search's median best with
+    0.30x, 0.58x and 0.46x random's compute; without pruning 0.28x, 0.55x and 0.53x, from 2/3 of
+    the steps 0.29x, 0.55x and 0.48x (no choice ahead on every task and reading); Optuna's own
+    median pruner, deciding from the first step inside OneCycle's warm-up, 0.53x, 0.77x and not
+    within 3x. bench/results/replay-notes.md has the figures."""
     return PrunerSpec(name="median", options={"n_warmup_steps": math.ceil(4 * max_steps / 9)})
 
 
