@@ -253,7 +253,7 @@ def seed_noise(table: Table) -> list[NoiseGroup]:
 
 @functools.cache
 def _median_scale(n: int) -> float:
-    """1 / the RMS of n standard normal draws' distances to their median (1.131 for n = 3,
+    """1 / the RMS of n standard normal draws' distances to their median (about 1.13 for n = 3,
     where one of the three is 0): residuals times this have the variance of one draw."""
     draws = np.random.default_rng(0).standard_normal((200_000, n))
     return float(1.0 / np.sqrt(((draws - np.median(draws, axis=1, keepdims=True)) ** 2).mean()))

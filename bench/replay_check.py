@@ -47,8 +47,11 @@ def result_path(task: str) -> Path:
 
 def study_file(task: str, strategy: str, seed: int, trials: int) -> Path:
     """The recording's study with the strategy's sampler and pruner, as the replay builds them."""
-    document = load_yaml_mapping(replay.CURVES / task / "study.yaml")
+    source = replay.CURVES / task / "study.yaml"
+    document = load_yaml_mapping(source)
     study = document["study"]
+    if "cwd" in (document.get("objective") or {}):  # relative to the study file, which moves
+        document["objective"]["cwd"] = str((source.parent / document["objective"]["cwd"]).resolve())
     epochs = replay.Table.load(replay.CURVES / task / "table.json").epochs
     replay.apply_strategy(study, replay.STRATEGIES[strategy], seed, epochs)
     name = f"check-{strategy}-s{seed}" if task == replay.CHOSEN_ON else f"check-{task}-{strategy}-s{seed}"
