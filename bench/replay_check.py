@@ -120,11 +120,12 @@ def lookup_error(
         "seed_sd_median": replay.noise_floor(table)["seed_sd_median"],
     }
     for name, lookup in replay.LOOKUPS.items():
-        errors = [lookup(table, params).values[-1] - real for params, real in pairs]
+        predicted = [lookup(table, params).values[-1] for params, _ in pairs]
+        errors = [p - real for p, (_, real) in zip(predicted, pairs, strict=True)]
         out[name] = {
             "rmse": round(math.sqrt(sum(e * e for e in errors) / len(errors)), 4),
             "mean_error": round(sum(errors) / len(errors), 4),
-            "rank_correlation": round(replay.rank_correlation([lookup(table, p).values[-1] for p, _ in pairs], [r for _, r in pairs]), 3),
+            "rank_correlation": round(replay.rank_correlation(predicted, [r for _, r in pairs]), 3),
         }  # fmt: skip
         print(f"{name} lookup against {len(pairs)} real trials' last epoch: RMSE {out[name]['rmse']:.4f}, "
               f"mean error {out[name]['mean_error']:+.4f}, rank correlation {out[name]['rank_correlation']:.3f} "
