@@ -6,10 +6,15 @@ concurrency K, through `hpo launch`'s three ways side by side in one run:
 - per-trial jobs: one Slurm job per trial, up to K in flight, the next submitted as one ends;
 - workers: K long-running worker jobs (one job array) pulling trials from the study;
 - the Ray backend: one Slurm job over both nodes holding a Ray cluster, Tune running the trials
-  (its makespan includes starting the cluster).
+  (its makespan includes starting the cluster);
 
-For each it prints the makespan, its ratio to the ideal N*t/K (target: at most 1.15), and the
-per-trial dispatch latencies from the timestamps stored on the trials: asked -> running (the
+and beside them the two ways a study is written by hand with submitit (``bench/dispatch_peers.py``):
+a job array whose tasks ask and tell, and an async ask-and-tell driver, one job per trial.
+
+For each it prints the makespan, its ratio to the ideal N*t/K (target: at most 1.15), what it cost
+Slurm's daemons (slurmctld RPCs from ``sdiag`` and slurmdbd's sacct queries from ``sacctmgr show
+stats``, both reset before each mode: per trial and per minute, ``bench/scheduler_load.py``), and
+the per-trial dispatch latencies from the timestamps stored on the trials: asked -> running (the
 trial process has started and attached) and finished -> told (result stored), plus the gap between
 one trial being told and the next being asked.
 
@@ -36,6 +41,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import dispatch_peers, scheduler_load  # noqa: E402
 from hpo.config import load_study  # noqa: E402
 from hpo.dispatch.launch import LaunchOptions, launch  # noqa: E402
 from hpo.dispatch.ray.launch import run_on_ray  # noqa: E402
@@ -69,19 +75,27 @@ def run_mode(mode: str, folder: Path, storage_url: str, n: int, k: int, seconds:
     import optuna
 
     name = f"bench-dispatch-{mode}-{uuid.uuid4().hex[:6]}"
-    spec = load_study(study_file(folder, name, n, k, ray=mode == "ray"))
-    storage = resolve_storage(spec, storage_url, spec.source)
-    objective = FixedDurationObjective(seconds)
-    started = time.monotonic()
-    if mode == "ray":
-        run_on_ray(spec, storage, "slurm", objective=objective, log=lambda line: None)
+    scheduler_load.reset()
+    started, launched_at = time.monotonic(), time.time()
+    if mode in PEERS:
+        PEERS[mode](storage_url, name, n, k, seconds, folder / name)
     else:
-        options = LaunchOptions(
-            executor="slurm", workers=k if mode == "workers" else None, objective=objective, progress=False
-        )
-        launch(spec, storage, options, log=lambda line: None)
+        spec = load_study(study_file(folder, name, n, k, ray=mode == "ray"))
+        storage = resolve_storage(spec, storage_url, spec.source)
+        objective = FixedDurationObjective(seconds)
+        if mode == "ray":
+            run_on_ray(spec, storage, "slurm", objective=objective, log=lambda line: None)
+        else:
+            options = LaunchOptions(
+                executor="slurm",
+                workers=k if mode == "workers" else None,
+                objective=objective,
+                progress=False,
+            )
+            launch(spec, storage, options, log=lambda line: None)
     makespan = time.monotonic() - started
-    launched_at = time.time() - makespan
+    _let_the_last_jobs_leave()
+    load = scheduler_load.read()
     trials = optuna.load_study(study_name=name, storage=storage_url).get_trials(deepcopy=False)
     trials = [t for t in trials if not t.user_attrs.get("surplus")]
     assert len(trials) == n and all(t.state.name == "COMPLETE" for t in trials), [t.state for t in trials]
@@ -100,7 +114,8 @@ def run_mode(mode: str, folder: Path, storage_url: str, n: int, k: int, seconds:
             return stamp(trial, "finished_at") - float(trial.user_attrs.get("elapsed_s", 0.0))
         return stamp(trial, "started_at")
 
-    to_running = [running_from(t) - asked_at(t) for t in trials]
+    # A job array's task asks its own trial once running: no dispatch latency to measure per trial.
+    to_running = [running_from(t) - asked_at(t) for t in trials] if mode != "submitit-array" else []
     to_told = [told_at(t) - stamp(t, "finished_at") for t in trials]
     # In per-trial mode, a slot is reused when the launcher asks the next trial.
     told = sorted(told_at(t) for t in trials)
@@ -115,12 +130,23 @@ def run_mode(mode: str, folder: Path, storage_url: str, n: int, k: int, seconds:
         "makespan_s": round(makespan, 2),
         "ideal_s": round(ideal, 2),
         "ratio": round(makespan / ideal, 3),
-        "asked_to_running_s": _summary(to_running),
+        "asked_to_running_s": _summary(to_running) if to_running else None,
         "finished_to_told_s": _summary(to_told),
-        "told_to_next_asked_s": _summary(gaps) if mode != "workers" else None,
+        "told_to_next_asked_s": _summary(gaps) if mode in ("per-trial", "ray", "submitit-async") else None,
         "startup_s": round(first_run - launched_at, 2),
         "after_startup_ratio": round((makespan - (first_run - launched_at)) / ideal, 3),
+        **load.summary(n, makespan / 60),
     }
+
+
+PEERS = {"submitit-array": dispatch_peers.run_array, "submitit-async": dispatch_peers.run_async}
+MODES = ("per-trial", "workers", "ray", *PEERS)
+
+
+def _let_the_last_jobs_leave(seconds: float = 5.0) -> None:
+    """The jobs' last RPCs (batch completion, epilog) come a moment after the study ends; waited
+    for without asking slurmctld, whose RPCs are what is being counted."""
+    time.sleep(seconds)
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -142,7 +168,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="N=8, t=10 s")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
-        "--modes", default="per-trial,workers,ray", help="comma-separated subset of per-trial,workers,ray"
+        "--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}"
     )
     args = parser.parse_args()
     if args.quick:
@@ -161,7 +187,10 @@ def main() -> int:
             results.append(result)
             gap, running = result["told_to_next_asked_s"], result["asked_to_running_s"]
             print(
-                f"{mode:>9}: makespan {result['makespan_s']:.1f} s = {result['ratio']:.3f} x ideal"
+                f"{mode:>14}: makespan {result['makespan_s']:.1f} s = {result['ratio']:.3f} x ideal"
+                + f"; slurmctld RPCs {result['slurmctld_rpcs_per_trial']:.1f} per trial"
+                + f" ({result['slurmctld_rpcs_per_min']:.0f}/min), sacct queries"
+                + f" {result['sacct_queries_per_trial']:.2f} per trial"
                 + (
                     f"; asked->running median {running['median']:.2f} s (p90 {running['p90']:.2f})"
                     if running
@@ -173,7 +202,12 @@ def main() -> int:
                 + (f"; told->next asked median {gap['median']:.2f} s" if gap else "")
             )
     by_mode = {result["mode"]: result["makespan_s"] for result in results}
-    for a, b in (("per-trial", "workers"), ("ray", "per-trial"), ("ray", "workers")):
+    for result in results:
+        top = ", ".join(f"{kind} {count}" for kind, count in list(result["slurmctld_by_type"].items())[:6])
+        print(f"{result['mode']:>14} slurmctld RPCs by type: {top}")
+    pairs = (("per-trial", "submitit-async"), ("per-trial", "workers"), ("workers", "submitit-array"),
+             ("ray", "per-trial"), ("ray", "workers"))  # fmt: skip
+    for a, b in pairs:
         if a in by_mode and b in by_mode:
             print(f"makespan ratio {a} / {b}: {by_mode[a] / by_mode[b]:.3f}")
 

@@ -26,11 +26,13 @@ def _throughput(data: dict[str, Any], ax: Axes) -> None:
 def _dispatch(data: dict[str, Any], ax: Axes) -> None:
     modes = [r["mode"] for r in data["results"]]
     ax.bar(modes, [r["makespan_s"] for r in data["results"]], color="C0")
+    ax.tick_params(axis="x", labelsize=8)
     ideal = data["results"][0]["ideal_s"]
     ax.axhline(ideal, color="k", linestyle="--", label=f"ideal N*t/K = {ideal:.0f} s")
     ax.axhline(1.15 * ideal, color="C3", linestyle=":", label="target 1.15 x ideal")
     for i, r in enumerate(data["results"]):
-        ax.annotate(f"{r['ratio']:.2f}x", (i, r["makespan_s"]), ha="center", va="bottom")
+        rpcs = f"\n{r['slurmctld_rpcs_per_trial']:.1f} RPC/trial" if "slurmctld_rpcs_per_trial" in r else ""
+        ax.annotate(f"{r['ratio']:.2f}x{rpcs}", (i, r["makespan_s"]), ha="center", va="bottom")
     ax.set_ylabel("makespan (s)")
     ax.set_title(f"Dispatch: N={data['n']} trials of {data['t']:.0f} s at K={data['k']}")
     ax.legend()

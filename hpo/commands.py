@@ -357,7 +357,7 @@ def _print_dry_run(spec: StudySpec, storage: StorageRef, executor: str) -> None:
         print(
             f"# sbatch script of each trial job (submitted by submitit; folder {executors.jobs_folder(spec)})"
         )
-        print(executors.render_sbatch(spec, executors.job_name(spec)).rstrip())
+        print(executors.render_sbatch(spec, executors.job_name(spec), direct=True).rstrip())
     else:
         print(f"# each trial runs as a local process: {sys.executable} -m submitit.core._submit <job folder>")
     print("# dry run: nothing submitted")

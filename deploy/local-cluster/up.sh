@@ -172,6 +172,15 @@ if ! sacctmgr -n -P show qos format=Name | grep -qx short5; then
     log "adding QoS short5 (MaxWall 5 min)"
     out=$(sacctmgr -i add qos short5 MaxWall=00:05:00 2>&1) || [[ $out == *"already exists"* ]] || die "sacctmgr add qos: $out"
 fi
+# A QoS capping each user's queued jobs, as a site's development QoS does: past 3, sbatch is refused.
+if ! sacctmgr -n -P show qos format=Name | grep -qx dev3; then
+    log "adding QoS dev3 (MaxSubmitJobsPerUser 3)"
+    out=$(sacctmgr -i add qos dev3 MaxSubmitJobsPerUser=3 2>&1) || [[ $out == *"already exists"* ]] || die "sacctmgr add qos: $out"
+fi
+# Limits are enforced (slurm.conf): root, who runs the tests, may use every QoS here.
+if [[ $(sacctmgr -n -P show assoc where user=root format=QOS) != "dev3,normal,short5" ]]; then
+    out=$(sacctmgr -i modify user root set qos=normal,short5,dev3 defaultqos=normal 2>&1) || die "sacctmgr modify user root: $out"
+fi
 
 if ((slurm_conf_changed)); then
     # A changed slurm.conf (node lines included) is simplest to apply by restarting.

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import optuna
 
 from hpo import record, study_record, warm_start
-from hpo.dispatch import lease
+from hpo.dispatch import lease, site
 from hpo.dispatch.common import LaunchOptions, LaunchSummary, Log, open_study, queue_retries, summarize
 from hpo.dispatch.per_trial import PerTrialDispatcher
 from hpo.dispatch.progress import Progress
@@ -62,17 +62,20 @@ def _launch_held(
     queue_retries(study, spec, log)
     study_record.clear_failing_stop(study)  # an earlier launch's verdict: this one judges its own trials
     deadline = None if spec.study.timeout_min is None else time.time() + 60 * spec.study.timeout_min
+    fitted = site.fit(spec, options.executor, options.workers, log)  # the site's job limits
+    spec = fitted.spec
     progress = Progress(spec, study, deadline, log) if options.progress else None
     shown = progress.log if progress else log
     if isinstance(backend, OutageTolerantStorage):
         backend.log = shown  # outage lines go where the launcher's lines go
     dispatcher: PerTrialDispatcher | WorkerDispatcher
     try:
-        if options.workers:
+        if fitted.workers:
             dispatcher = WorkerDispatcher(spec, storage, study, options, shown, deadline, progress, claim)
-            dispatcher.run(options.workers)
+            dispatcher.run(fitted.workers)
         else:
             dispatcher = PerTrialDispatcher(spec, storage, study, options, shown, deadline, progress, claim)
+            dispatcher.hold_jobs_until_gone = fitted.at_job_limit
             dispatcher.run()
     except KeyboardInterrupt:
         dispatcher.report_interrupted()

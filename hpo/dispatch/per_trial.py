@@ -22,6 +22,10 @@ class CancelledMeanwhile(Exception):
     """`hpo cancel` came while the launcher waited for Slurm's controller to submit a trial."""
 
 
+QUEUE_READ_S = 2.0
+"""How often, at most, the launcher asks squeue which of its finished trials' jobs are still queued
+(only at the site's job limit): one call for all, whatever max_concurrent is."""
+
 JOB_EXIT_WAIT_S = 120.0
 """How long a finished trial's Slurm job may stay in the queue (completing) before its place in
 max_concurrent is given to the next trial regardless."""
@@ -30,15 +34,18 @@ max_concurrent is given to the next trial regardless."""
 class PerTrialDispatcher(Dispatcher):
     """Asks a trial the moment a slot frees, submits it as its own job, and watches it end."""
 
+    hold_jobs_until_gone = False
+    """Whether a finished trial's job keeps its place until squeue no longer lists it (at the
+    site's job limit, where one more job would be refused)."""
     _queue: frozenset[str] = frozenset()
-    """The study's job ids squeue listed at ``_queue_read_at`` (read at most once a second)."""
+    """The study's job ids squeue listed at ``_queue_read_at``."""
     _queue_read_at = float("-inf")
     _suspect_at: int | None = None
     """How many trials had ended when the launch began to wait for the next one to decide."""
 
     def run(self) -> None:
         executor = executors.make_executor(
-            self.spec, self.options.executor, job_name=executors.job_name(self.spec)
+            self.spec, self.options.executor, job_name=executors.job_name(self.spec), direct=True
         )
         self._take_over_running_trials(per_trial=True)
         # Every storage call waits out a database outage on its own (hpo.storage's policy).
@@ -168,9 +175,12 @@ class PerTrialDispatcher(Dispatcher):
 
     def _still_holds_resources(self, entry: InFlight) -> bool:
         """A Slurm job whose trial has told its result is still on the cluster while its process
-        exits (running, then completing): it keeps its place in ``max_concurrent`` until squeue no
-        longer lists it, so that the study never has more jobs on the cluster than the limit. A job
-        stuck in the queue holds it for at most ``JOB_EXIT_WAIT_S``."""
+        exits. Its place in ``max_concurrent`` goes to the next trial once the process has left its
+        result file, the last thing it writes (no RPC: a file on the shared folder), or once Slurm
+        says the job ended. At the site's job limit (``hold_jobs_until_gone``) that is not enough:
+        the job counts against the limit until squeue no longer lists it, so the launcher waits
+        for that, reading squeue at most every ``QUEUE_READ_S`` for all its jobs at once. A job
+        stuck in the queue holds its place for at most ``JOB_EXIT_WAIT_S``."""
         if entry.executor != "slurm":
             return False
         now = time.monotonic()
@@ -178,7 +188,9 @@ class PerTrialDispatcher(Dispatcher):
             entry.told_at = now
         if now - entry.told_at > JOB_EXIT_WAIT_S:
             return False
-        if now - self._queue_read_at >= 1.0:
+        if not self.hold_jobs_until_gone:
+            return entry.job is not None and not self.slurm.ended(entry.job)
+        if now - self._queue_read_at >= QUEUE_READ_S:
             try:
                 self._queue = frozenset(executors.queued_jobs(self.spec))
             except (LaunchError, OSError, subprocess.SubprocessError):

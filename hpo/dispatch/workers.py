@@ -9,6 +9,7 @@ from typing import Any
 import optuna
 
 from hpo import record
+from hpo.dispatch import site
 from hpo.dispatch.common import Dispatcher, InFlight, signals_deferred, worker_entry
 from hpo.errors import LaunchError, one_line
 from hpo.slurm import executors
@@ -63,12 +64,15 @@ class WorkerDispatcher(Dispatcher):
             time_min = max(
                 res.time_min, min(time_min, math.ceil((self.deadline - time.time()) / 60) + res.time_min)
             )
+        if self.options.executor == "slurm":
+            time_min = site.job_time_min(self.spec, time_min, "workers", self.log)
         executor = executors.make_executor(
             self.spec,
             self.options.executor,
             job_name=executors.job_name(self.spec, "worker"),
             array_parallelism=count,
             time_min=time_min,
+            direct=True,
         )
         task = WorkerTask(
             self.spec,

@@ -39,6 +39,10 @@ SLURM_OUTAGE_TOLERANCE_S = 900.0
 """How long the launcher keeps trying sbatch while the Slurm controller does not answer (a restart,
 a failover, an RPC rate limit) before it gives up on the submission."""
 
+SIGNAL_DELAY_S = 90
+"""How long before a Slurm job's time limit its process is told to checkpoint and requeue
+(submitit's default)."""
+
 LOCAL_SIGNAL_DELAY_S = 3
 """How long before a local trial's time limit its process is told to checkpoint and requeue."""
 
@@ -83,9 +87,10 @@ def make_executor(
     job_name: str,
     array_parallelism: int | None = None,
     time_min: int | None = None,
+    direct: bool = False,
 ) -> Any:
     """A submitit executor whose jobs get the study's per-trial resources (``time_min`` overrides
-    the time limit, for --workers jobs that run many trials)."""
+    the time limit, for --workers jobs that run many trials; ``direct``: see :func:`runs_direct`)."""
 
     folder = private_dir(jobs_folder(spec))  # submitit's pickles are code
     res = spec.resources
@@ -103,13 +108,32 @@ def make_executor(
             setup=list(res.setup),
         )
         return local
-    slurm = submitit.SlurmExecutor(folder=folder / "%j", python=python)
-    slurm.update_parameters(**slurm_parameters(spec, job_name, array_parallelism, time_min))
+    direct = direct and runs_direct(spec)
+    slurm = submitit.SlurmExecutor(folder=folder / "%j", python=_interpreter(python, direct))
+    slurm.update_parameters(**slurm_parameters(spec, job_name, array_parallelism, time_min, direct))
     return slurm
 
 
+def runs_direct(spec: StudySpec) -> bool:
+    """Whether a job of one process (a trial that is not a DDP run, a --workers worker) runs its
+    Python in the batch script itself rather than in an srun step. An srun step costs slurmctld
+    three RPCs per job (allocation info, step creation, step completion) for nothing one process
+    needs. The script ``exec``s Python, so the signal before the time limit reaches it as the
+    batch shell (``--signal=B:USR2@90``); ``scancel --full --signal=USR2`` reaches it by hand
+    (a plain ``scancel --signal`` skips the batch step)."""
+    return spec.resources.world_size == 1
+
+
+def _interpreter(python: str, direct: bool) -> str:
+    return f"exec {python}" if direct else python
+
+
 def slurm_parameters(
-    spec: StudySpec, job_name: str, array_parallelism: int | None = None, time_min: int | None = None
+    spec: StudySpec,
+    job_name: str,
+    array_parallelism: int | None = None,
+    time_min: int | None = None,
+    direct: bool = False,
 ) -> dict[str, Any]:
     res = spec.resources
     params: dict[str, Any] = {
@@ -127,6 +151,14 @@ def slurm_parameters(
         # (submitit's --open-mode=append keeps the earlier runs' logs).
         "additional_parameters": {"requeue": True, **res.sbatch},
     }
+    if direct:
+        params["use_srun"] = False
+        # submitit's default (USR2@90) signals the job's steps, of which a direct job has none.
+        params["additional_parameters"] = {
+            "requeue": True,
+            "signal": f"B:USR2@{SIGNAL_DELAY_S}",
+            **res.sbatch,
+        }
     if res.gpus_per_node:
         params["gpus_per_node"] = res.gpus_per_node
     if res.mem_gb is not None:
@@ -141,12 +173,17 @@ def slurm_parameters(
 
 
 def render_sbatch(
-    spec: StudySpec, job_name: str, workers: int | None = None, time_min: int | None = None
+    spec: StudySpec,
+    job_name: str,
+    workers: int | None = None,
+    time_min: int | None = None,
+    direct: bool = False,
 ) -> str:
     """The sbatch script a trial job (or ``--workers`` job array) would be submitted with (for
     ``--dry-run``, and compared with reference files by the tests)."""
 
-    params = slurm_parameters(spec, job_name, workers, time_min)
+    direct = direct and runs_direct(spec)
+    params = slurm_parameters(spec, job_name, workers, time_min, direct)
     if workers:  # a --workers job array: submitit numbers its tasks and caps how many run at once
         params["map_count"] = workers
     return sbatch_text(spec, params, jobs_folder(spec) / "%j")
@@ -154,7 +191,7 @@ def render_sbatch(
 
 def sbatch_text(spec: StudySpec, params: dict[str, Any], folder: Path) -> str:
     """The script submitit submits with ``params`` from ``folder``."""
-    python = spec.resources.python or sys.executable
+    python = _interpreter(spec.resources.python or sys.executable, params.get("use_srun") is False)
     command = f"{python} -u -m submitit.core._submit {shlex.quote(str(folder))}"
     # submitit renders the script at submission with this function; calling it directly works
     # where there is no srun (a SlurmExecutor refuses to exist there).
@@ -198,6 +235,17 @@ def parse_job_ids(out: str) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+# sbatch's words for a job refused because the user's job limit is full (QOSMaxSubmitJobPerUserLimit,
+# AssocMaxSubmitJobLimit, QOSGrpSubmitJobsLimit...): worth trying again once a job ends.
+_JOB_LIMIT_FULL = ("maxsubmitjob", "grpsubmitjob")
+
+
+def job_limit_full(err: BaseException) -> bool:
+    """Whether a failed submission says the user's MaxSubmitJobs (of a QoS or an association) is full."""
+    text = str(err).lower()
+    return any(words in text for words in _JOB_LIMIT_FULL)
+
+
 def controller_away(err: BaseException) -> bool:
     """Whether a failed submission says the Slurm controller is away, rather than refusing the job."""
     text = str(err).lower()
@@ -212,7 +260,8 @@ def submit_when_controller_answers(
     still_wanted: Callable[[], None] = lambda: None,
 ) -> T:
     """``submit()``, tried again with backoff (5 s doubling to 60 s) for up to ``tolerance_s``
-    while the controller is away; ``still_wanted()`` before each new try raises if the submission
+    while the controller is away or the user's job limit is full (the user's other jobs count
+    against it too); ``still_wanted()`` before each new try raises if the submission
     is no longer wanted (a cancel, a launcher that lost the study meanwhile). Trying again cannot
     run a trial twice: a job whose sbatch answer was lost finds no pickle under its id (submitit
     moves it there only once sbatch answered) and ends within a minute without running anything."""
@@ -223,10 +272,12 @@ def submit_when_controller_answers(
             return submit()
         except Exception as err:
             away_s = time.monotonic() - away_since
-            if not controller_away(err) or away_s + delay > tolerance_s:
+            full = job_limit_full(err)
+            if not (full or controller_away(err)) or away_s + delay > tolerance_s:
                 raise
-            log(f"Slurm controller unreachable ({one_line(err, last=True, name=False)}); sbatch again in "
-                f"{delay:.0f} s (away {away_s:.0f} s; the launcher waits up to {tolerance_s / 60:.0f} min)")  # fmt: skip
+            what = "Slurm refuses more jobs of yours" if full else "Slurm controller unreachable"
+            log(f"{what} ({one_line(err, last=True, name=False)}); sbatch again in "
+                f"{delay:.0f} s (for {away_s:.0f} s now; the launcher waits up to {tolerance_s / 60:.0f} min)")  # fmt: skip
             pause(delay)
             delay = min(2 * delay, 60.0)
             still_wanted()

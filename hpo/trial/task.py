@@ -73,7 +73,7 @@ class TrialTask:
 
     def checkpoint(self) -> Any:
         """Called by submitit on the signal Slurm sends before a time limit or a preemption
-        (``--signal=USR2@90``): the trainer checkpoints every epoch, so the job only needs
+        (``--signal=B:USR2@90``, or ``USR2@90`` for a DDP trial's srun step): the trainer checkpoints every epoch, so the job only needs
         requeueing with the same task; it resumes the same trial from its last epoch."""
 
         # A time limit shorter than an epoch would requeue the job forever. Counted in the task,

@@ -11,7 +11,7 @@ from submitit.core.utils import pickle_load
 
 from hpo import record, search, study_record
 from hpo.budget import compute
-from hpo.dispatch import lease
+from hpo.dispatch import lease, site
 from hpo.dispatch.common import open_study
 from hpo.dispatch.ray import driver
 from hpo.dispatch.ray.cluster import RayClusterTask, cpus_per_trial, slots_per_node
@@ -88,6 +88,7 @@ def _submit(
     spec: StudySpec, storage: StorageRef, objective: Objective | None, remaining: int, log: Any
 ) -> Any:
     allocation, time_min = allocation_spec(spec, remaining)
+    time_min = site.job_time_min(spec, time_min, "the Ray job", log)
     executor = executors.make_executor(
         allocation, "slurm", job_name=executors.job_name(spec, "ray"), time_min=time_min
     )

@@ -85,7 +85,9 @@ def launcher(study_file: Path, storage: str, env: dict[str, str] | None = None) 
 
 
 class QueueWatch(threading.Thread):
-    """Polls squeue for the study's jobs and keeps the largest count seen at once."""
+    """Polls squeue for the study's jobs whose trial is still running and keeps the largest count
+    seen at once (a job whose process has left its result file is exiting: the launcher gives
+    its place to the next trial)."""
 
     def __init__(self, document: dict[str, Any]) -> None:
         super().__init__(daemon=True)
@@ -96,7 +98,9 @@ class QueueWatch(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            self.peak = max(self.peak, len(queued(self.document)))
+            jobs = Path(self.document["study"]["workdir"]) / "jobs"
+            running = [j for j in queued(self.document) if not (jobs / j / f"{j}_0_result.pkl").exists()]
+            self.peak = max(self.peak, len(running))
             self.polls += 1
             time.sleep(0.3)
 

@@ -175,7 +175,7 @@ def test_a_trial_signalled_before_its_time_limit_checkpoints_and_requeues_itself
     preemption with a grace time sends: submitit calls the task's checkpoint() and requeues."""
 
     def time_limit_near(job_id: str, node: str) -> None:
-        subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
+        subprocess.run(["scancel", "--full", "--signal=USR2", job_id], check=True, timeout=30)
 
     run = one_trial_through(time_limit_near, "timelimit-study", tmp_path, fresh_database)
     assert "Caught signal SIGUSR2" in run.log, run.log[-3000:]

@@ -81,7 +81,8 @@ def _render(case: str) -> str:
         resources, options = CASES[case]
         spec = build_spec({**BASE, "resources": resources}, "golden.yaml")
         role = options.pop("role", "") if options else ""
-        return executors.render_sbatch(spec, executors.job_name(spec, role), **options)
+        # Trial and worker jobs as the dispatchers submit them (a one-process job runs without srun).
+        return executors.render_sbatch(spec, executors.job_name(spec, role), direct=True, **options)
     sections, resources = OTHER_JOBS[case]
     spec = build_spec({**BASE, "resources": resources, **sections}, "golden.yaml")
     if case.startswith("launcher"):

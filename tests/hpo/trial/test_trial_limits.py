@@ -113,7 +113,9 @@ def test_a_job_requeued_twice_without_finishing_an_epoch_fails_its_trial(
             timeout=300,
         )
         time.sleep(2)  # the trial is training its first epoch
-        subprocess.run(["scancel", "--signal=USR2", str(trial.user_attrs["job_id"])], check=True, timeout=30)
+        subprocess.run(
+            ["scancel", "--full", "--signal=USR2", str(trial.user_attrs["job_id"])], check=True, timeout=30
+        )
     output = launcher.communicate(timeout=300)[0]
     stopped = time.monotonic() - started
     assert launcher.returncode == 1, output
