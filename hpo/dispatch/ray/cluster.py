@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -108,7 +109,8 @@ class RayClusterTask:
     def _head(self, job_id: str, nodes: int, node_ip: str, temp_dir: str, rdv: Path) -> dict[str, Any]:
         ports = _free_ports(len(_PORT_NAMES) + 1)
         named = dict(zip(_PORT_NAMES, ports, strict=False))
-        _ray_start(
+        # The head starts while the driver opens the study (seconds each, on different processes).
+        starting = _ray_start(
             ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"],
             named,
             node_ip,
@@ -116,15 +118,29 @@ class RayClusterTask:
             self.spec,
         )
         address = f"{node_ip}:{named['port']}"
-        rdv.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _write_json(rdv, {"address": address, "head": _node_name(), "dashboard_port": named["dashboard-port"],
-                          "job_id": job_id, "done": False})  # fmt: skip
-        log.info(f"ray head on {_node_name()} ({address}), dashboard on 127.0.0.1:{named['dashboard-port']}")
-        watcher = threading.Thread(target=_report_joined, args=(rdv, nodes), daemon=True)
-        watcher.start()
+        announced = False
+
+        def head_up() -> None:
+            nonlocal announced
+            if announced:
+                return
+            starting()
+            announced = True
+            rdv.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _write_json(rdv, {"address": address, "head": _node_name(), "dashboard_port": named["dashboard-port"],
+                              "job_id": job_id, "done": False})  # fmt: skip
+            log.info(
+                f"ray head on {_node_name()} ({address}), dashboard on 127.0.0.1:{named['dashboard-port']}"
+            )
+            threading.Thread(target=_report_joined, args=(rdv, nodes), daemon=True).start()
+
         try:
-            driver.run(self.spec, self.storage, address=address, objective=self.objective)
+            driver.run(
+                self.spec, self.storage, address=address, objective=self.objective, cluster_ready=head_up
+            )
         finally:
+            with contextlib.suppress(RuntimeError):
+                head_up()  # a study with nothing left to run never connected: the head is stopped all the same
             data = read_rendezvous(rdv) or {}
             _write_json(rdv, {**data, "done": True})
             _stop_ray(temp_dir)
@@ -140,7 +156,7 @@ class RayClusterTask:
         named = dict(zip(_PORT_NAMES[1:], ports, strict=False))  # a worker has no GCS port
         named.pop("dashboard-port", None)
         named.pop("ray-client-server-port", None)
-        _ray_start([f"--address={data['address']}"], named, node_ip, temp_dir, self.spec)
+        _ray_start([f"--address={data['address']}"], named, node_ip, temp_dir, self.spec)()
         log.info(f"ray worker on {_node_name()} joined {data['address']}")
         joined_marker(rdv, rank).touch()
         try:  # stay until the head is done: the job ends when every task has returned
@@ -151,7 +167,10 @@ class RayClusterTask:
         return {"rank": "worker"}
 
 
-def _ray_start(extra: list[str], ports: dict[str, int], node_ip: str, temp_dir: str, spec: StudySpec) -> None:
+def _ray_start(
+    extra: list[str], ports: dict[str, int], node_ip: str, temp_dir: str, spec: StudySpec
+) -> Callable[[], None]:
+    """``ray start`` begun; the function returned waits for it and raises if it failed."""
     slots = slots_per_node(spec)
     low = _free_range(_WORKER_PORTS + 1, avoid=set(ports.values()))
     args = [
@@ -167,12 +186,25 @@ def _ray_start(extra: list[str], ports: dict[str, int], node_ip: str, temp_dir: 
         "--disable-usage-stats",
         *(f"--{name}={port}" for name, port in ports.items()),
     ]
-    proc = subprocess.run(
-        args, capture_output=True, text=True, timeout=300, env={**os.environ, **driver.ACTOR_ENV}
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **driver.ACTOR_ENV},
     )
-    if proc.returncode != 0:
-        tail = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()][-3:]
-        raise RuntimeError(f"ray start failed on {_node_name()}: {' | '.join(tail)}")
+
+    def wait() -> None:
+        try:
+            out, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise RuntimeError(f"ray start did not return within 300 s on {_node_name()}") from None
+        if proc.returncode != 0:
+            tail = [line for line in (err or out).splitlines() if line.strip()][-3:]
+            raise RuntimeError(f"ray start failed on {_node_name()}: {' | '.join(tail)}")
+
+    return wait
 
 
 def joined_marker(rdv: Path, rank: int) -> Path:

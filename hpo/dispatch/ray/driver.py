@@ -147,9 +147,12 @@ def run(
     objective: Objective | None = None,
     log: Any = print,
     allow_space_change: bool = False,
+    cluster_ready: Callable[[], None] = lambda: None,
 ) -> None:
     """Run the study's remaining trials on a Ray cluster (``address``) or a local Ray instance.
-    In an allocation, the launcher that submitted it has checked the study file already."""
+    In an allocation, the launcher that submitted it has checked the study file already.
+    ``cluster_ready()`` returns once the cluster at ``address`` is up: the study is opened while
+    it starts."""
     import ray
 
     pbt = spec.study.pruner.name == "pbt"
@@ -169,6 +172,7 @@ def run(
         return
     job_id = os.environ.get("SLURM_JOB_ID", f"local-{os.getpid()}")
     if address:
+        cluster_ready()
         ray.init(address=address, log_to_driver=False)
     else:
         os.environ.update(ACTOR_ENV)
