@@ -41,7 +41,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench import dispatch_peers, scheduler_load  # noqa: E402
+from bench import dispatch_peers, dispatch_wide, scheduler_load  # noqa: E402
 from hpo.config import load_study  # noqa: E402
 from hpo.dispatch.launch import LaunchOptions, launch  # noqa: E402
 from hpo.dispatch.ray.launch import run_on_ray  # noqa: E402
@@ -49,7 +49,9 @@ from hpo.storage import resolve_storage  # noqa: E402
 from hpo.trial.objective import FixedDurationObjective  # noqa: E402
 
 
-def study_file(folder: Path, name: str, n_trials: int, concurrency: int, ray: bool) -> Path:
+def study_file(
+    folder: Path, name: str, n_trials: int, concurrency: int, ray: bool, partition: str | None = None
+) -> Path:
     document: dict[str, Any] = {
         "study": {
             "name": name,
@@ -63,6 +65,8 @@ def study_file(folder: Path, name: str, n_trials: int, concurrency: int, ray: bo
         "trainer": {"model": "resnet8"},
         "resources": {"executor": "slurm", "cpus_per_task": 1, "time": "30m"},
     }
+    if partition:
+        document["resources"]["partition"] = partition
     if ray:  # one allocation of both nodes, the K trials spread over them
         document["study"]["backend"] = "ray"
         document["resources"]["nodes"] = 2
@@ -168,11 +172,16 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="N=8, t=10 s")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
-        "--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}"
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated subset of {','.join(MODES)}; none: the wide run only",
     )
+    parser.add_argument("--wide-trials", type=int, default=256, help="N of the wide run (0: no wide run)")
+    parser.add_argument("--wide-concurrency", type=int, default=64, help="K of the wide run")
+    parser.add_argument("--wide-seconds", type=float, default=60.0, help="t of the wide run")
     args = parser.parse_args()
     if args.quick:
-        args.trials, args.seconds = 8, 10.0
+        args.trials, args.seconds, args.wide_trials = 8, 10.0, 0
     up = subprocess.run(["bash", str(REPO / "deploy/local-cluster/up.sh")], capture_output=True, text=True)
     if up.returncode != 0:
         print(up.stderr[-2000:], file=sys.stderr)
@@ -182,7 +191,7 @@ def main() -> int:
     print(f"dispatch benchmark: N={n} trials of t={t:g} s at K={k}, ideal makespan N*t/K = {n * t / k:.1f} s")
     results = []
     with tempfile.TemporaryDirectory(prefix="hpo-bench-") as tmp:
-        for mode in args.modes.split(","):
+        for mode in [m for m in args.modes.split(",") if m and m != "none"]:
             result = run_mode(mode, Path(tmp), storage_url, n, k, t)
             results.append(result)
             gap, running = result["told_to_next_asked_s"], result["asked_to_running_s"]
@@ -211,9 +220,44 @@ def main() -> int:
         if a in by_mode and b in by_mode:
             print(f"makespan ratio {a} / {b}: {by_mode[a] / by_mode[b]:.3f}")
 
+    wide = run_wide_runs(storage_url, args.wide_trials, args.wide_concurrency, args.wide_seconds)
     if args.json:
-        args.json.write_text(json.dumps({"n": n, "k": k, "t": t, "results": results}, indent=2) + "\n")
+        document = {"n": n, "k": k, "t": t, "results": results, "wide": wide}
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
     return 0
+
+
+def run_wide_runs(storage_url: str, n: int, k: int, t: float) -> list[dict[str, Any]]:
+    """The wide run (``bench/dispatch_wide.py``) for both ways and both storages."""
+    if n <= 0:
+        return []
+    print(
+        f"wide run: N={n} trials of t={t:g} s at K={k} over the 16 nodes of partition wide, ideal {n * t / k:.0f} s"
+    )
+    dispatch_wide.wide_nodes("up")
+    runs = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="hpo-bench-wide-") as tmp:
+            for mode in ("per-trial", "workers"):
+                for url in (storage_url, None):
+                    r = dispatch_wide.run_wide(mode, url, Path(tmp), n, k, t)
+                    runs.append(r)
+                    connections = r["postgresql_connections_peak"]
+                    print(
+                        f"{mode:>9} on {r['storage']:>10}: {r['trials']} trials, lost {r['lost']}, doubled {r['doubled']}, "
+                        f"{r['jobs']} Slurm jobs (expected {r['jobs_expected']}); makespan {r['makespan_s']:.0f} s = "
+                        f"{r['ratio']:.3f} x ideal; launcher {r['launcher_cpu_s']:.0f} CPU-s, peak {r['launcher_peak_rss_mb']:.0f} MB; "
+                        + (
+                            f"PostgreSQL connections at most {connections}; "
+                            if connections is not None
+                            else ""
+                        )
+                        + f"{r['sbatch_per_min']:.1f} sbatch/min, {r['slurmctld_rpcs_per_min']:.0f} slurmctld RPCs/min "
+                        f"({r['slurmctld_rpcs_per_trial']:.1f} per trial), {r['sacct_queries_per_trial']:.2f} sacct queries per trial"
+                    )
+    finally:
+        dispatch_wide.wide_nodes("down")
+    return runs
 
 
 if __name__ == "__main__":

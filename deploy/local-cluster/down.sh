@@ -17,13 +17,13 @@ if daemon_pid "$SLURMCTLD_PID" slurmctld >/dev/null; then
     no_jobs() { [[ -z $(squeue -h -o %i 2>/dev/null) ]]; }
     if ! no_jobs; then
         log "cancelling all jobs"
-        scancel --partition=debug 2>/dev/null || true
+        scancel --partition=debug,isolated,wide 2>/dev/null || true
         wait_for 30 no_jobs || log "jobs still in the queue after 30 s: stopping anyway"
     fi
 fi
 
 # Reverse order of up.sh: the daemons that talk to the others go first.
-for node in "${NODES[@]}"; do stop_daemon "$(slurmd_pidfile "$node")" slurmd; done
+for node in "${NODES[@]}" "${WIDE_NODES[@]}"; do stop_daemon "$(slurmd_pidfile "$node")" slurmd; done
 stop_daemon "$SLURMCTLD_PID" slurmctld
 stop_daemon "$SLURMDBD_PID" slurmdbd
 stop_daemon "$MARIADB_PID" mariadbd 60

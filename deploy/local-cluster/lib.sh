@@ -3,6 +3,9 @@
 
 CLUSTER=localcluster
 NODES=(n1 n2 n3)
+# Sixteen more emulated nodes of 4 CPUs (partition wide), whose slurmd run only while wide.sh has
+# them up: for measuring 64 trials in flight across many nodes. Down otherwise, used by nothing.
+mapfile -t WIDE_NODES < <(printf 'w%d\n' {1..16})
 PG_VERSION=15
 PG_CLUSTER=main
 PG_PORT=5432

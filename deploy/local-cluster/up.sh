@@ -60,7 +60,7 @@ install -d -m 755 "$SLURM_RUN" "$SLURM_LOG" /var/lib/slurm/slurmctld
 # /etc/hosts may be a bind mount (containers) that cannot be replaced.
 HOST=$(hostname -s)
 add_names=()
-for name in "${NODES[@]}" "$HOST"; do
+for name in "${NODES[@]}" "${WIDE_NODES[@]}" "$HOST"; do
     addr=$(getent ahostsv4 "$name" | awk 'NR == 1 {print $1}') || true
     if [[ -z $addr ]]; then
         add_names+=("$name")
@@ -184,7 +184,7 @@ fi
 
 if ((slurm_conf_changed)); then
     # A changed slurm.conf (node lines included) is simplest to apply by restarting.
-    for node in "${NODES[@]}"; do stop_daemon "$(slurmd_pidfile "$node")" slurmd; done
+    for node in "${NODES[@]}" "${WIDE_NODES[@]}"; do stop_daemon "$(slurmd_pidfile "$node")" slurmd; done
     stop_daemon "$SLURMCTLD_PID" slurmctld
 fi
 if ! daemon_pid "$SLURMCTLD_PID" slurmctld >/dev/null; then
