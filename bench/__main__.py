@@ -151,6 +151,14 @@ def targets(out: Path) -> list[tuple[str, str, str]]:
         if ray := by_mode.get("ray"):
             rows.append(("the Ray backend's first trial running <= 10 s after launch",
                          f"{ray['startup_s']:.1f} s", verdict(ray["startup_s"] <= 10)))  # fmt: skip
+        if wide := dispatch.get("wide"):
+            first = wide[0]
+            lost, doubled = sum(r["lost"] for r in wide), sum(r["doubled"] for r in wide)
+            rows.append((f"wide run (N={first['n']}, K={first['k']}, 16 nodes, {len(wide)} runs): no trial lost or doubled",
+                         f"{lost} lost, {doubled} doubled", verdict(lost == doubled == 0)))  # fmt: skip
+            peak = max(r["postgresql_connections_peak"] or 0 for r in wide)
+            rows.append((f"PostgreSQL connections at most K + 8 = {first['k'] + 8} (wide run)",
+                         f"{peak}", verdict(peak <= first["k"] + 8)))  # fmt: skip
     if storage := load("storage"):
         cells = [c for c in storage if c["storage"] == "postgresql"]
         if cells:

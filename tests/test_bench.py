@@ -57,7 +57,8 @@ def test_the_doc_is_rewritten_from_the_committed_results_with_each_target(tmp_pa
         assert f"![{name}](" in text
     targets = text.split("## Targets", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in targets.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    # throughput (measurements on, TensorBoard on too), 3 dispatch modes and the Ray start-up, storage, efficiency,
+    # throughput (measurements on, TensorBoard on too), 3 dispatch modes, per-trial against the two
+    # submitit peers, the Ray start-up, the wide run's losses and connections, storage, efficiency,
     # retrain, the replayed default's two over every task and two over the held-out ones
-    assert len(rows) == 13, rows
+    assert len(rows) == 17, rows
     assert all(row.rstrip(" |").endswith(("met", "**missed**", "stated")) for row in rows), rows

@@ -61,6 +61,10 @@ class InFlight:
     """The submitit job; None for a local process re-attached by pid after a relaunch."""
     told_at: float | None = None
     """When its trial was first seen finished (monotonic); its Slurm job may still be exiting."""
+    finished: optuna.trial.FrozenTrial | None = None
+    """Its trial as first seen finished (its job may still be on the cluster)."""
+    read_at: float = float("-inf")
+    """When the launcher last read its trial from the study (monotonic)."""
 
 
 @dataclasses.dataclass

@@ -22,6 +22,10 @@ class CancelledMeanwhile(Exception):
     """`hpo cancel` came while the launcher waited for Slurm's controller to submit a trial."""
 
 
+TRIAL_READ_S = 10.0
+"""How often the launcher reads a trial in flight from the study when neither its result file nor
+Slurm says it ended (a trial that told and whose job has not left yet)."""
+
 QUEUE_READ_S = 2.0
 """How often, at most, the launcher asks squeue which of its finished trials' jobs are still queued
 (only at the site's job limit): one call for all, whatever max_concurrent is."""
@@ -155,21 +159,33 @@ class PerTrialDispatcher(Dispatcher):
             raise CancelledMeanwhile
 
     def _collect_finished(self) -> None:
-
+        """The trials whose end this round sees. A trial's end comes with its job's result file
+        or Slurm's state (no query to the study for it): the study is read for a trial then, and
+        otherwise once every ``TRIAL_READ_S`` (a trial that told but whose job stays on), so that
+        the launcher's queries do not grow with ``max_concurrent`` times the polling rate."""
         failed = False
+        now = time.monotonic()
         for entry in list(self.in_flight):
-            frozen = record.read_trial(self.study, entry.trial_id)
-            if not frozen.state.is_finished() and self._ended(entry):
-                # The trial process may have told its result just before exiting.
-                if not record.read_trial(self.study, entry.trial_id).state.is_finished():
-                    self._fail(entry.number, self._end_reason(entry), self._out_of_memory(entry))
-                frozen = record.read_trial(self.study, entry.trial_id)
-            if frozen.state.is_finished():
-                if self._still_holds_resources(entry):
+            frozen = entry.finished
+            if frozen is None:
+                ended = self._ended(entry)
+                if not ended and now - entry.read_at < TRIAL_READ_S:
                     continue
-                self._report(frozen)
-                self.in_flight.remove(entry)
-                failed = failed or frozen.state.name == "FAIL"
+                entry.read_at = now
+                frozen = record.read_trial(self.study, entry.trial_id)
+                if not frozen.state.is_finished() and ended:
+                    # The trial process may have told its result just before exiting.
+                    if not record.read_trial(self.study, entry.trial_id).state.is_finished():
+                        self._fail(entry.number, self._end_reason(entry), self._out_of_memory(entry))
+                    frozen = record.read_trial(self.study, entry.trial_id)
+                if not frozen.state.is_finished():
+                    continue
+                entry.finished = frozen
+            if self._still_holds_resources(entry):
+                continue
+            self._report(frozen)
+            self.in_flight.remove(entry)
+            failed = failed or frozen.state.name == "FAIL"
         if failed:
             self._queue_retries()
 

@@ -16,6 +16,9 @@ from hpo.slurm import executors
 from hpo.trial.task import objective_for
 from hpo.trial.worker import WorkerTask
 
+REPORT_EVERY_S = 2.0
+"""How often the launcher reads the study for the trials its workers finished."""
+
 
 class WorkerDispatcher(Dispatcher):
     """Keeps the worker jobs going and reports the trials they finish."""
@@ -37,8 +40,13 @@ class WorkerDispatcher(Dispatcher):
             jobs = self._submit_workers(wanted) if wanted > 0 else []
             watched = [worker_entry(job, self.options.executor) for job in jobs] + adopted
             finished_before = len(seen)
+            reported_at = time.monotonic()
             while not all(self._ended(entry) for entry in watched):
-                seen = self._report_new(seen)
+                # The workers pull and tell trials themselves: the launcher reads the study only to
+                # report them, every REPORT_EVERY_S (a read loads every trial of the study).
+                if time.monotonic() - reported_at >= REPORT_EVERY_S:
+                    seen = self._report_new(seen)
+                    reported_at = time.monotonic()
                 self._accepting()  # tells `hpo cancel` at once that no more workers come
                 time.sleep(self.options.poll_interval_s)
             seen = self._report_new(seen)

@@ -338,6 +338,7 @@ class SlurmStates:
         self._seen_since: dict[tuple[str, str], float] = {}
         self._queue: set[str] | None = None
         self._queue_read_at = float("-inf")
+        self._queue_every_s = refresh_s
         self._vouched: set[str] = set()
         self._unknown_since: dict[str, float] = {}
         _quiet_repeated_sacct_warnings()
@@ -381,10 +382,14 @@ class SlurmStates:
 
     def _listed_by_squeue(self, job_id: str) -> bool | None:
         now = time.monotonic()
-        if now - self._queue_read_at >= self.refresh_s:
+        if now - self._queue_read_at >= self._queue_every_s:
             # Stamped after the call: a squeue that takes its 60 s timeout is not asked again at once.
             self._queue = user_queue()
             self._queue_read_at = time.monotonic()
+            # A controller that does not answer (down, overloaded, rate-limiting) is asked less
+            # often, up to once a minute, until it answers again.
+            failed = self._queue is None
+            self._queue_every_s = min(60.0, 2 * self._queue_every_s) if failed else self.refresh_s
         return None if self._queue is None else job_id in self._queue
 
     @staticmethod

@@ -84,7 +84,9 @@ class _QueueWatch(threading.Thread):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["per-trial", "workers"])
-def test_a_study_above_its_qos_job_limit_runs_inside_it(tmp_path: Path, mode: str) -> None:
+def test_a_study_above_its_qos_job_limit_runs_inside_it(
+    tmp_path: Path, mode: str, local_cluster: str
+) -> None:
     """max_concurrent (or --workers) 5 in a QoS that allows 3 queued jobs per user, one of them
     already taken by another job of the user: lowered to 2 with one line, no sbatch refused, every
     trial run once."""
@@ -125,7 +127,7 @@ def test_a_study_above_its_qos_job_limit_runs_inside_it(tmp_path: Path, mode: st
 
 
 @pytest.mark.slow
-def test_a_worker_jobs_time_limit_is_kept_within_the_qos_maxwall(tmp_path: Path) -> None:
+def test_a_worker_jobs_time_limit_is_kept_within_the_qos_maxwall(tmp_path: Path, local_cluster: str) -> None:
     """A --workers job asks for its share of the trials' time (3 trials of 2 min: 6 min); QoS
     short5 allows 5 min, which Slurm enforces here: lowered with one line, and the study runs."""
     (tmp_path / "my_objective.py").write_text(sleeping_objective(2, 0.5))
