@@ -67,7 +67,8 @@ def run_trainer_cli(
 
 # A fair reader-writer lock between the pytest workers (`pytest -n 2`, the test command). Every
 # test of the shared local Slurm cluster and PostgreSQL holds it shared; a test that injects a fault
-# into them (a lost node) holds it alone, so no test beside it suffers the fault. A test marked
+# into them (a lost node), or asserts on a share of its trials' time (which load beside it would
+# decide), holds it alone, so no test beside it suffers the fault. A test marked
 # `isolated` (its own PostgreSQL, the isolated partition's node) takes no part. Tests that start
 # Ray on this host's fixed ports take a second lock alone: one at a time.
 LOCKS = Path(tempfile.gettempdir()) / "hpo-test-locks"
@@ -95,7 +96,7 @@ def _turn_on_shared_resources(request: pytest.FixtureRequest) -> Iterator[None]:
     test = request.node
     with contextlib.ExitStack() as held:
         if "local_cluster" in request.fixturenames and test.get_closest_marker("isolated") is None:
-            alone = test.get_closest_marker("injects_fault") is not None
+            alone = any(test.get_closest_marker(m) is not None for m in ("injects_fault", "measures_shares"))
             held.enter_context(shared_lock("cluster", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
         if test.get_closest_marker("ray_ports") is not None:
             held.enter_context(shared_lock("ray", fcntl.LOCK_EX))

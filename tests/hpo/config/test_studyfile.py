@@ -630,9 +630,11 @@ def test_slurm_dry_run_prints_the_sbatch_script(tmp_path: Path) -> None:
         assert line in out.splitlines(), f"{line!r} not in the dry run:\n{out}"
     # submitit shell-quotes the expression; sbatch strips the quotes of #SBATCH lines.
     assert "#SBATCH --constraint='a100|h100'" in out.splitlines()
-    srun = next(line for line in out.splitlines() if line.startswith("srun "))
-    assert "--kill-on-bad-exit=1" in srun
-    assert f"{tmp_path / 'workdir' / 'jobs'}" in srun
+    # A one-process trial runs Python from the batch script itself, signalled as the batch shell.
+    command = next(line for line in out.splitlines() if line.startswith("exec "))
+    assert "-m submitit.core._submit" in command and f"{tmp_path / 'workdir' / 'jobs'}" in command
+    assert "#SBATCH --signal=B:USR2@90" in out.splitlines()
+    assert not [line for line in out.splitlines() if line.startswith("srun ")]
     storage = next(line.strip() for line in out.splitlines() if line.strip().startswith("storage:"))
     assert storage in (
         "storage: postgresql://u:***@db.example:5432/hpo",

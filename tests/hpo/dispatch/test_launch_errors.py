@@ -148,7 +148,7 @@ def test_a_trial_longer_than_its_qos_allows_is_refused_before_submission(
             "short5",
             "resources.time: 10m (10 min) is longer than QoS short5's MaxWall 00:05:00 (5 min)",
         ),
-        ("4m", "nosuch", "resources.qos: no QoS 'nosuch' on this cluster; it has normal, short5"),
+        ("4m", "nosuch", "resources.qos: no QoS 'nosuch' on this cluster; it has dev3, normal, short5"),
     ]
     for index, (time_limit, qos, problem) in enumerate(cases):
         document = study_document(

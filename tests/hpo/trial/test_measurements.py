@@ -78,6 +78,7 @@ def loader_recommendation(trainer: dict[str, Any], tmp_path: Path) -> dict[str, 
 
 
 @pytest.mark.slow
+@pytest.mark.measures_shares  # two trials' data-loader workers on 2 cores: alone, not beside other tests
 def test_trials_measure_themselves_and_an_input_bound_study_is_flagged_until_the_sweeps_setting(
     fresh_database: str, tmp_path: Path
 ) -> None:
