@@ -52,6 +52,10 @@ ATTR_JOB_KIND = "job_kind"
 """slurm or local: where a --workers worker (executor "worker") runs."""
 ATTR_JOB_FOLDER = "job_folder"
 ATTR_NODES = "nodes"
+ATTR_PACK_SLOT = "pack_slot"
+"""Its place among the trials (or workers) its job ran at once on one GPU (``trials_per_gpu``)."""
+ATTR_PACK_SIZE = "pack_size"
+"""How many trials (or workers) its job ran at once."""
 ATTR_ASKED_AT = "asked_at"
 ATTR_STARTED_AT = "started_at"
 ATTR_FINISHED_AT = "finished_at"
@@ -406,6 +410,17 @@ def ended_since(study: optuna.Study, since: float) -> list[optuna.trial.FrozenTr
 def own_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The trials this study ran or will run: not surplus, not imported by a warm start."""
     return [t for t in study.get_trials(deepcopy=False) if is_own(t)]
+
+
+def packs(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[str, list[int]]:
+    """The per-trial jobs that ran several trials at once on one GPU (``trials_per_gpu``): each
+    job's id and its trials' numbers. (A packed --workers job's trials ran k at a time, one after
+    another in each of its slots.)"""
+    jobs: dict[str, list[int]] = {}
+    for trial in trials:
+        if ATTR_PACK_SIZE in trial.user_attrs and trial.user_attrs.get(ATTR_EXECUTOR) != "worker":
+            jobs.setdefault(str(trial.user_attrs.get(ATTR_JOB_ID, "-")), []).append(trial.number)
+    return {job: numbers for job, numbers in jobs.items() if job != "-"}
 
 
 def is_own(trial: optuna.trial.FrozenTrial) -> bool:

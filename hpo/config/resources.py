@@ -34,6 +34,14 @@ class Resources:
     )
     gpus_per_node: int = field(0, "GPUs per node.", ge=0)
     cpus_per_task: int = field(1, "CPU cores per process (also the trainer's torch threads).", ge=1)
+    trials_per_gpu: int = field(
+        1,
+        "Trials run at once on each job's GPU, each its own process (with its own CUDA context): a "
+        "per-trial job holds this many trials, a --workers job this many workers. A short CIFAR-size "
+        "trial uses a fraction of an A100/H100. The job gets cpus_per_task and mem_gb once per trial; "
+        "with gpus_per_node 0 the trials share the job's CPUs. One-process trials only.",
+        ge=1,
+    )
     mem_gb: float | None = field(None, "Memory per node in GB (default: the partition's).", gt=0)
     time: str | int = field("01:00:00", "Time limit of one trial's job (minutes, 30m, 2h, 1-00:00:00).")
     worker_time: str | int | None = field(
@@ -66,6 +74,12 @@ class Resources:
             )
         if self.python is not None:
             _single_line("python", self.python)
+        if self.trials_per_gpu > 1 and self.gpus_per_node > 1:
+            raise _KeyProblem(
+                "trials_per_gpu",
+                f"packs trials of one GPU; gpus_per_node is {self.gpus_per_node} (a one-process trial "
+                "uses one GPU: set gpus_per_node to 1)",
+            )
 
     @property
     def time_min(self) -> int:
@@ -80,6 +94,16 @@ class Resources:
     @property
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
+
+    @property
+    def packed(self) -> bool:
+        """Whether a job runs several trials at once (``trials_per_gpu`` > 1)."""
+        return self.trials_per_gpu > 1
+
+    @property
+    def gpus_per_trial(self) -> float:
+        """The GPUs one trial holds: its job's, shared among the trials packed on them."""
+        return self.gpus_per_node * self.nodes / self.trials_per_gpu
 
 
 def _check_placement(

@@ -319,8 +319,23 @@ def _command_warnings(source: str, objective: ObjectiveSection, space: dict[str,
 def _check_whole(spec: StudySpec) -> None:
     """The checks across sections that every study file takes, trainer or objective."""
     _check_enqueued(spec)
+    _check_packing(spec)
     if spec.study.also_minimize == "gpu_hours" and not spec.resources.gpus_per_node:
         raise _KeyProblem("study.also_minimize", "gpu_hours needs resources.gpus_per_node; use cpu_hours")
+
+
+def _check_packing(spec: StudySpec) -> None:
+    """Packed trials are processes of one GPU: a DDP trial spans several, and cannot be packed."""
+    res = spec.resources
+    if not res.packed:
+        return
+    ranks = res.tasks_per_node if spec.study.backend == "ray" else res.world_size
+    if ranks > 1:
+        raise _KeyProblem(
+            "resources.trials_per_gpu",
+            f"packs one-process trials; these are DDP runs of {ranks} processes "
+            "(set tasks_per_node and nodes to 1, or trials_per_gpu to 1)",
+        )
 
 
 def _section(cls: type[_Section], data: Any, path: str) -> _Section:

@@ -65,6 +65,8 @@ class InFlight:
     """Its trial as first seen finished (its job may still be on the cluster)."""
     read_at: float = float("-inf")
     """When the launcher last read its trial from the study (monotonic)."""
+    slot: int | None = None
+    """Its place in a packed job (``resources.trials_per_gpu``), whose log is its own."""
 
 
 @dataclasses.dataclass
@@ -276,8 +278,14 @@ class Dispatcher:
                 continue  # a worker's trial between ask and start: its worker tells it
             job_id = str(job_id)
             kind = str(trial.user_attrs.get(record.ATTR_JOB_KIND, executor))
+            slot = trial.user_attrs.get(record.ATTR_PACK_SLOT)
             entry = InFlight(
-                trial.number, record.trial_id(trial), job_id, kind, self.spec.resources.world_size
+                trial.number,
+                record.trial_id(trial),
+                job_id,
+                kind,
+                self.spec.resources.world_size,
+                slot=None if executor == "worker" or slot is None else int(slot),
             )
             if kind == "slurm":
                 entry.job = executors.slurm_job(self.spec, job_id)
@@ -304,7 +312,7 @@ class Dispatcher:
         if entry.job is None:
             return f"local process {entry.job_id} exited without telling a result"
         state = self.slurm.state(entry.job) if entry.executor == "slurm" else "exited"
-        detail = executors.error_line(self.spec, entry.job_id, entry.tasks)
+        detail = executors.error_line(self.spec, entry.job_id, entry.tasks, entry.slot)
         reason = f"job {entry.job_id} {state} without telling a result" + (f": {detail}" if detail else "")
         if study_record.cancel_requested_at(self.study) >= self.started:
             # Seen before `hpo cancel` wrote its own reason on the trial: the cancel ended it.
@@ -364,9 +372,10 @@ class Dispatcher:
         queue_retries(self.study, self.spec, self.log)
 
     def report_interrupted(self) -> None:
-        if not self.in_flight:
+        running = [entry for entry in self.in_flight if entry.finished is None]
+        if not running:
             return
-        numbers = ", ".join(str(entry.number) for entry in self.in_flight)
+        numbers = ", ".join(str(entry.number) for entry in running)
         if self.options.executor == "slurm":
             self.log(f"launcher stopped; trials {numbers} keep running as Slurm jobs: `hpo launch` again "
                      "re-attaches to them, `hpo cancel` stops them")  # fmt: skip

@@ -15,6 +15,7 @@ from hpo.dispatch.common import Deferral, Dispatcher, InFlight, signals_deferred
 from hpo.errors import LaunchError, NotReadyError, one_line
 from hpo.slurm import executors
 from hpo.trial import retries
+from hpo.trial.packing import PackedJob
 from hpo.trial.task import TrialTask, objective_for
 
 
@@ -67,7 +68,8 @@ class PerTrialDispatcher(Dispatcher):
             and self._accepting()
             and not self._awaiting_verdict()
         ):
-            self._submit(executor)
+            room = self.spec.study.max_concurrent - len(self.in_flight)
+            self._submit(executor, min(self.spec.resources.trials_per_gpu, budget_left, room))
             budget_left = self.spec.study.n_trials - self._counted()
         accepting = self._accepting()
         if not self.in_flight and (budget_left <= 0 or not accepting):
@@ -91,65 +93,79 @@ class PerTrialDispatcher(Dispatcher):
             self._suspect_at = len(self.ended)
         return len(self.ended) == self._suspect_at
 
-    def _submit(self, executor: Any) -> None:
+    def _submit(self, executor: Any, size: int) -> None:
+        """Ask ``size`` trials and submit them as one job: one trial, or a pack of trials that
+        share its GPU (``resources.trials_per_gpu``)."""
         with signals_deferred() as deferral:
             if self.claim is not None:
                 self.claim.confirm()
-            trial = self.study.ask(self.space)
+            trials: list[optuna.Trial] = []
             try:
-                self._submit_asked(executor, trial, deferral)
+                for _ in range(size):
+                    trials.append(self.study.ask(self.space))
+                self._submit_asked(executor, trials, deferral)
             except BaseException as err:
-                # Whatever stopped the submission, the trial asked for it is not left RUNNING.
+                # Whatever stopped the submission, the trials asked for it are not left RUNNING.
                 reason = f"never submitted: {one_line(err, last=True, name=False)}"
-                with contextlib.suppress(Exception):
-                    record.close_not_run(self.study, trial, reason)
+                for trial in trials:
+                    with contextlib.suppress(Exception):
+                        record.close_not_run(self.study, trial, reason)
                 if isinstance(err, Exception) and not isinstance(err, NotReadyError):
-                    raise LaunchError(f"trial {trial.number}: {reason}") from None
+                    numbers = ", ".join(str(t.number) for t in trials)
+                    raise LaunchError(f"trial {numbers}: {reason}") from None
                 raise  # an interruption, or the database gone for longer than the outage policy waits
 
-    def _submit_asked(self, executor: Any, trial: optuna.Trial, deferral: Deferral) -> None:
-        retries.inherit_checkpoint(self.spec, trial)
-        asked = {record.ATTR_EXECUTOR: self.options.executor, record.ATTR_ASKED_AT: record.now_iso()}
-        record.set_attrs(trial, asked)
+    def _submit_asked(self, executor: Any, trials: list[optuna.Trial], deferral: Deferral) -> None:
+        packed = self.spec.resources.packed
+        for slot, trial in enumerate(trials):
+            retries.inherit_checkpoint(self.spec, trial)
+            asked: dict[str, Any] = {
+                record.ATTR_EXECUTOR: self.options.executor,
+                record.ATTR_ASKED_AT: record.now_iso(),
+            }
+            if packed:
+                asked |= {record.ATTR_PACK_SLOT: slot, record.ATTR_PACK_SIZE: len(trials)}
+            record.set_attrs(trial, asked)
         if self._cancelled():  # `hpo cancel` between the ask and now
-            record.close_not_run(self.study, trial, f"never submitted: {record.REASON_CANCELLED}")
+            for trial in trials:
+                record.close_not_run(self.study, trial, f"never submitted: {record.REASON_CANCELLED}")
             return
-        task = TrialTask(
-            self.spec,
-            self.storage,
-            trial.number,
-            dict(trial.params),
-            self.options.objective or objective_for(self.spec),
-        )
+        objective = self.options.objective or objective_for(self.spec)
+        tasks = [TrialTask(self.spec, self.storage, t.number, dict(t.params), objective) for t in trials]
+        job_task: Any = PackedJob(list(tasks)) if packed else tasks[0]
         try:
             # A controller restart is waited out here, the trial held (closed if the launcher stops).
             job = executors.submit_when_controller_answers(
-                lambda: executor.submit(task), self.log, deferral.sleep, still_wanted=self._still_wanted
+                lambda: executor.submit(job_task), self.log, deferral.sleep, still_wanted=self._still_wanted
             )
         except CancelledMeanwhile:
-            record.close_not_run(self.study, trial, f"never submitted: {record.REASON_CANCELLED}")
+            for trial in trials:
+                record.close_not_run(self.study, trial, f"never submitted: {record.REASON_CANCELLED}")
             return
         except Exception as err:
             raise LaunchError(f"submission failed: {one_line(err, last=True, name=False)}") from None
-        # A trial that fails within a second may have told already: its attributes are frozen.
-        with contextlib.suppress(RuntimeError):
-            record.set_attr(trial, record.ATTR_JOB_ID, str(job.job_id))
-        # Still under the deferred signals: a launcher stopped now reports this trial as running.
-        entry = InFlight(
-            trial.number,
-            record.trial_id(trial),
-            str(job.job_id),
-            self.options.executor,
-            self.spec.resources.world_size,
-            job,
-        )
-        self.in_flight.append(entry)
-        self.budget.submitted()
-        retry_of = trial.user_attrs.get(record.ATTR_RETRY_OF)
-        self.log(
-            f"trial {trial.number} submitted as {self.options.executor} job {job.job_id}: {record.format_params(trial.params)}"
-            + (f" (retry of trial {retry_of})" if retry_of is not None else "")
-        )
+        for slot, trial in enumerate(trials):
+            # A trial that fails within a second may have told already: its attributes are frozen.
+            with contextlib.suppress(RuntimeError):
+                record.set_attr(trial, record.ATTR_JOB_ID, str(job.job_id))
+            # Still under the deferred signals: a launcher stopped now reports this trial as running.
+            entry = InFlight(
+                trial.number,
+                record.trial_id(trial),
+                str(job.job_id),
+                self.options.executor,
+                self.spec.resources.world_size,
+                job,
+                slot=slot if packed else None,
+            )
+            self.in_flight.append(entry)
+            self.budget.submitted()
+            retry_of = trial.user_attrs.get(record.ATTR_RETRY_OF)
+            shared = f", {len(trials)} trials on its GPU" if packed else ""
+            self.log(
+                f"trial {trial.number} submitted as {self.options.executor} job {job.job_id}{shared}: {record.format_params(trial.params)}"
+                + (f" (retry of trial {retry_of})" if retry_of is not None else "")
+            )
 
     def _still_wanted(self) -> None:
         """Between two sbatch tries: still this study's launcher, and no cancel since."""
@@ -181,11 +197,11 @@ class PerTrialDispatcher(Dispatcher):
                 if not frozen.state.is_finished():
                     continue
                 entry.finished = frozen
-            if self._still_holds_resources(entry):
-                continue
-            self._report(frozen)
-            self.in_flight.remove(entry)
-            failed = failed or frozen.state.name == "FAIL"
+                # Said at once; its place in max_concurrent may stay held a while longer.
+                self._report(frozen)
+                failed = failed or frozen.state.name == "FAIL"
+            if not self._still_holds_resources(entry):
+                self.in_flight.remove(entry)
         if failed:
             self._queue_retries()
 
@@ -197,6 +213,8 @@ class PerTrialDispatcher(Dispatcher):
         the job counts against the limit until squeue no longer lists it, so the launcher waits
         for that, reading squeue at most every ``QUEUE_READ_S`` for all its jobs at once. A job
         stuck in the queue holds its place for at most ``JOB_EXIT_WAIT_S``."""
+        if any(other.finished is None for other in self.in_flight if other.job_id == entry.job_id):
+            return True  # trials packed with it still train on the job's GPU
         if entry.executor != "slurm":
             return False
         now = time.monotonic()
@@ -218,6 +236,7 @@ class PerTrialDispatcher(Dispatcher):
         """Slurm killed the job for exceeding its memory: the parameters are infeasible there."""
         return (
             entry.executor == "slurm"
+            and entry.slot is None  # a packed job's memory was its trials': whose fault is not known
             and entry.job is not None
             and self.slurm.state(entry.job) == "OUT_OF_MEMORY"
         )

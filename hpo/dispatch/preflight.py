@@ -26,6 +26,7 @@ from hpo.config import parse_duration_min
 from hpo.config.user_code import import_function, placeholders
 from hpo.dispatch.ray import ddp_trial, population
 from hpo.dispatch.ray.cluster import cpus_per_trial, slots_per_node
+from hpo.dispatch.ray.cluster import gpus_per_node as ray_gpus_per_node
 from hpo.dispatch.ray.driver import RAY_PRUNERS
 from hpo.errors import NotReadyError, StudyFileError, one_line, optional_extra
 from hpo.journal import shared_filesystem_warning
@@ -74,8 +75,22 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
         nodes, gpus, cpus = _job_shape(spec)
         check_partition_capacity(spec, nodes, gpus, cpus)
         check_qos_wall(spec)
-    elif spec.objective is None:
-        check_local_data(spec)
+    else:
+        check_packing_fits_here(spec)
+        if spec.objective is None:
+            check_local_data(spec)
+
+
+def check_packing_fits_here(spec: StudySpec) -> None:
+    """Local processes: a pack of trials cannot have more CPUs than this machine."""
+    res = spec.resources
+    cpus = os.cpu_count() or 1
+    if res.packed and res.trials_per_gpu * res.cpus_per_task > cpus:
+        raise StudyFileError(
+            f"{spec.source}: resources.trials_per_gpu: {res.trials_per_gpu} trials of "
+            f"{res.cpus_per_task} CPUs each need {res.trials_per_gpu * res.cpus_per_task} CPUs; "
+            f"this machine has {cpus}"
+        )
 
 
 def check_sampler_installed(spec: StudySpec) -> None:
@@ -145,8 +160,9 @@ def _job_shape(spec: StudySpec) -> tuple[int, int, int]:
     res = spec.resources
     if spec.study.backend == "ray":
         slots = slots_per_node(spec)  # one allocation holding its share of the concurrent trials
-        return res.nodes, res.gpus_per_node * slots, cpus_per_trial(spec) * slots
-    return res.nodes, res.gpus_per_node, res.cpus_per_task * res.tasks_per_node
+        return res.nodes, ray_gpus_per_node(spec), cpus_per_trial(spec) * slots
+    # A packed job's trials each get their CPUs; they share its GPU.
+    return res.nodes, res.gpus_per_node, res.cpus_per_task * res.tasks_per_node * res.trials_per_gpu
 
 
 def check_executor_available(spec: StudySpec, executor: str) -> None:
@@ -229,9 +245,15 @@ def check_partition_capacity(spec: StudySpec, nodes: int, gpus_per_node: int, cp
     if len(fitting) < nodes:
         most_gpus = max(gpus for _, gpus in capacity.values())
         most_cpus = max(cpus for cpus, _ in capacity.values())
+        res = spec.resources
+        packed = (
+            f" ({res.trials_per_gpu} packed trials of {res.cpus_per_task})"
+            if res.packed and spec.study.backend != "ray"
+            else ""
+        )
         raise NotReadyError(
             f"{spec.source}: resources: a job needs {nodes} nodes with {gpus_per_node} GPUs and "
-            f"{cpus_per_node} CPUs each; {where} has {len(capacity)} nodes, {len(fitting)} of them "
+            f"{cpus_per_node} CPUs each{packed}; {where} has {len(capacity)} nodes, {len(fitting)} of them "
             f"big enough (at most {most_gpus} GPUs and {most_cpus} CPUs per node)",
             "ask for less in resources, or choose another resources.partition",
         )

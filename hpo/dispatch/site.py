@@ -28,8 +28,10 @@ class Fitted:
 def fit(spec: StudySpec, executor: str, workers: int | None, log: Log) -> Fitted:
     if executor != "slurm":
         return Fitted(spec, workers, False)
-    wanted = workers or spec.study.max_concurrent
-    what = f"--workers {workers}" if workers else f"study.max_concurrent {wanted}"
+    per_job = spec.resources.trials_per_gpu  # trials (or workers) a job runs at once
+    wanted_trials = workers or spec.study.max_concurrent
+    what = f"--workers {workers}" if workers else f"study.max_concurrent {wanted_trials}"
+    wanted = -(-wanted_trials // per_job)  # the jobs it takes
     own = {executors.job_name(spec), executors.job_name(spec, "worker")}  # the jobs a launch re-adopts
     allowed, why, at_limit = wanted, "", False
     for limit in limits.job_limits(spec.resources.qos, spec.resources.account):
@@ -52,7 +54,9 @@ def fit(spec: StudySpec, executor: str, workers: int | None, log: Log) -> Fitted
             allowed, why = size, f"MaxArraySize is {size} (a job array's tasks are numbered from 0)"
     if allowed == wanted:
         return Fitted(spec, workers, at_limit)
-    log(f"{what} lowered to {allowed}: {why}")
+    packed = f" ({allowed} jobs of {per_job})" if per_job > 1 else ""
+    allowed *= per_job
+    log(f"{what} lowered to {allowed}{packed}: {why}")
     if workers:
         return Fitted(spec, allowed, at_limit)
     study = dataclasses.replace(spec.study, max_concurrent=allowed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any
@@ -13,6 +14,7 @@ from hpo.dispatch import site
 from hpo.dispatch.common import Dispatcher, InFlight, signals_deferred, worker_entry
 from hpo.errors import LaunchError, one_line
 from hpo.slurm import executors
+from hpo.trial.packing import PackedJob
 from hpo.trial.task import objective_for
 from hpo.trial.worker import WorkerTask
 
@@ -34,7 +36,8 @@ class WorkerDispatcher(Dispatcher):
             self.log(f"{len(adopted)} workers of an earlier launch still run: {', '.join(sorted(live))}")
         seen = {t.number for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()}
         while self._counted() < self.spec.study.n_trials and self._accepting():
-            wanted = min(count - len(adopted), self.spec.study.n_trials - self._counted())
+            running = len(adopted) * self.spec.resources.trials_per_gpu  # workers per job
+            wanted = min(count - running, self.spec.study.n_trials - self._counted())
             if self.claim is not None:
                 self.claim.confirm()
             jobs = self._submit_workers(wanted) if wanted > 0 else []
@@ -78,7 +81,7 @@ class WorkerDispatcher(Dispatcher):
             self.spec,
             self.options.executor,
             job_name=executors.job_name(self.spec, "worker"),
-            array_parallelism=count,
+            array_parallelism=math.ceil(count / self.spec.resources.trials_per_gpu),
             time_min=time_min,
             direct=True,
         )
@@ -91,17 +94,24 @@ class WorkerDispatcher(Dispatcher):
             time_limit_min=time_min,
         )
 
+        # Packed (trials_per_gpu k): k workers share each job's GPU, each its own process.
+        per_job = self.spec.resources.trials_per_gpu
+        sizes = [min(per_job, count - start) for start in range(0, count, per_job)]
+
         def submit_array() -> list[Any]:
             with executor.batch():
-                return [executor.submit(task) for _ in range(count)]
+                if not self.spec.resources.packed:
+                    return [executor.submit(task) for _ in sizes]
+                return [executor.submit(PackedJob([task] * size)) for size in sizes]
 
         try:
             with signals_deferred() as deferral:
                 jobs = executors.submit_when_controller_answers(submit_array, self.log, deferral.sleep)
         except Exception as err:
             raise LaunchError(f"worker submission failed: {one_line(err, last=True, name=False)}") from None
+        packed = f", {per_job} workers per job" if self.spec.resources.packed else ""
         self.log(
-            f"{count} workers submitted as {self.options.executor} jobs {', '.join(str(j.job_id) for j in jobs)} ({time_min} min each)"
+            f"{count} workers submitted as {self.options.executor} jobs {', '.join(str(j.job_id) for j in jobs)} ({time_min} min each{packed})"
         )
         return jobs
 
@@ -126,4 +136,5 @@ class WorkerDispatcher(Dispatcher):
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             entry = by_id.get(str(trial.user_attrs.get(record.ATTR_JOB_ID)))
             if entry is not None:
-                self._fail(trial.number, self._end_reason(entry))
+                slot = trial.user_attrs.get(record.ATTR_PACK_SLOT)  # a packed worker's own log
+                self._fail(trial.number, self._end_reason(dataclasses.replace(entry, slot=slot)))

@@ -325,6 +325,7 @@ def _write_summary(
         "stopped": study_record.stopped(study),
         "terminator": stopping.terminator_evaluation(study),
         "imported_trials": record.imported_count(study),
+        "packed_jobs": record.packs(trials),
         "measurements": {
             str(t.number): {key: t.user_attrs[key] for key in record.MEASUREMENT_ATTRS if key in t.user_attrs}
             for t in trials

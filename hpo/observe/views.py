@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
-from submitit.core.utils import JobPaths
 
 from hpo import paths, record, search, study_record
 from hpo.budget import stopping
@@ -116,7 +115,8 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
     )
     rows: list[tuple[str, ...]] = [header]
     front = {t.number for t in record.pareto_front(study, spec)}
-    rows += [_status_row(spec, t, cost, others, measured, t.number in front) for t in trials]
+    mates = {n: [m for m in pack if m != n] for pack in record.packs(trials).values() for n in pack}
+    rows += [_status_row(spec, t, cost, others, measured, t.number in front, mates) for t in trials]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
@@ -140,8 +140,10 @@ def _status_row(
     others: list[str],
     measured: bool,
     on_front: bool,
+    mates: dict[int, list[int]],
 ) -> tuple[str, ...]:
-    """One trial's row of the status table (the columns of ``status_lines``' header)."""
+    """One trial's row of the status table (the columns of ``status_lines``' header); ``mates``:
+    the trials each packed trial's job ran beside it."""
     value = record.metric_value(t)
     elapsed = t.user_attrs.get(record.ATTR_ELAPSED_S)
     if elapsed is None and t.duration is not None:
@@ -155,6 +157,7 @@ def _status_row(
         f"Pareto front, {spec.study.also_minimize}={t.values[1]:.4g}" if on_front else "",
         f"retry of {t.user_attrs[ATTR_RETRY_OF]}" if ATTR_RETRY_OF in t.user_attrs else "",
         f"requeued {t.user_attrs[record.ATTR_RESTARTS]}x" if record.ATTR_RESTARTS in t.user_attrs else "",
+        f"shared its job with {', '.join(map(str, mates[t.number]))}" if mates.get(t.number) else "",
     ]
     if any(notes):
         detail = f"{detail}  ({', '.join(n for n in notes if n)})"
@@ -453,7 +456,7 @@ def cancel(spec: StudySpec, ref: StorageRef, study: optuna.Study) -> list[str]:
         executor = trial.user_attrs.get(record.ATTR_EXECUTOR)
         kind = trial.user_attrs.get(record.ATTR_JOB_KIND, executor)
         job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
-        if job_id is not None and kind != "ray":
+        if job_id is not None and kind != "ray" and str(job_id) not in cancelled:  # packed: once
             _cancel_job(spec, kind, str(job_id))
             cancelled.add(str(job_id))
         # Both raise if the trial ended on its own meanwhile: then its state stands.
@@ -533,8 +536,8 @@ def _log_path(spec: StudySpec, trial: optuna.trial.FrozenTrial, stderr: bool) ->
         raise LaunchError(
             f"trial {trial.number} ran in Ray job {job_id}: its log is under {spec.workdir / 'ray_results'}"
         )
-    paths = JobPaths(executors.jobs_folder(spec) / "%j", str(job_id), 0)
-    return Path(paths.stderr if stderr else paths.stdout)
+    slot = trial.user_attrs.get(record.ATTR_PACK_SLOT)  # a packed job's trial has a log of its own
+    return executors.job_log(spec, str(job_id), slot=None if slot is None else int(slot), stderr=stderr)
 
 
 FOLLOW_POLL_S = 0.5

@@ -3,8 +3,11 @@
 A trial that ran as its own Slurm job costs what ``sacct`` says: the elapsed time of every run of
 the job (a requeued job runs several times; ``--duplicates`` lists each run) times the GPUs, or
 CPUs, allocated to it. Pruned and failed trials count like completed ones: they were paid for.
-Trials that shared a job (``--workers``, the Ray backend) or ran as local processes are charged
-their own elapsed time times the resources one trial gets: an estimate, and marked as one.
+Trials packed into one job (``resources.trials_per_gpu``) share what sacct says it cost, each in
+proportion to its own elapsed time, so that their shares add up to the job. Trials that ran one
+after another in a shared job (``--workers``, the Ray backend) or as local processes are charged
+their own elapsed time times the resources one trial gets (a packed trial 1/k of a GPU): an
+estimate, and marked as one.
 
 Saved by pruning: what the pruned trials would have cost had they trained every epoch, minus what
 they cost; each pruned trial's cost times (planned epochs / epochs trained - 1).
@@ -20,6 +23,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 from hpo import record
+from hpo.trial import packing
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -34,7 +38,8 @@ class Usage:
     """Wall time, every run of the job included."""
     gpus: float
     cpus: float
-    """Allocated to it (averaged over the runs of a requeued job, weighted by their time)."""
+    """Allocated to it (averaged over the runs of a requeued job, weighted by their time); a
+    packed trial's share of its job's."""
     measured: bool
     """From sacct; False for an estimate from the trial's own elapsed time."""
 
@@ -115,15 +120,17 @@ def _tres_count(tres: str, name: str) -> int:
     return sum(value for key, value in counts.items() if key.startswith(name + ":"))
 
 
-def own_allocation(spec: StudySpec) -> tuple[int, int]:
-    """(GPUs, CPUs) of the job this process runs in: Slurm's numbers, else the study's."""
+def own_allocation(spec: StudySpec) -> tuple[float, float]:
+    """(GPUs, CPUs) of the job this process runs in (Slurm's numbers, else the study's), divided
+    among the trials packed into it."""
+    share = int(os.environ.get(packing.ENV_SIZE) or 1)
     if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
         nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or 1)
         gpus = int(os.environ.get("SLURM_GPUS_ON_NODE") or 0)
         cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or 0)
-        return gpus * nodes, cpus * nodes
+        return gpus * nodes / share, cpus * nodes / share
     res = spec.resources
-    return res.gpus_per_node * res.nodes, res.cpus_per_task * res.world_size
+    return res.gpus_per_node * res.nodes / share, res.cpus_per_task * res.world_size
 
 
 def trial_estimate(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> Usage:
@@ -138,7 +145,7 @@ def trial_estimate(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> Usage:
     elif seconds is None and trial.duration is not None:
         seconds = trial.duration.total_seconds()
     ranks = res.tasks_per_node if spec.study.backend == "ray" else res.world_size
-    gpus = res.gpus_per_node * (1 if spec.study.backend == "ray" else res.nodes)
+    gpus = res.gpus_per_node / res.trials_per_gpu * (1 if spec.study.backend == "ray" else res.nodes)
     return Usage(float(seconds or 0.0), gpus, res.cpus_per_task * ranks, measured=False)
 
 
@@ -152,6 +159,7 @@ def study_cost(spec: StudySpec, trials: Sequence[optuna.trial.FrozenTrial]) -> S
     starts = [t.datetime_start for t in trials if t.number in own_job and t.datetime_start is not None]
     measured = sacct_usage(own_job.values(), since=min(starts) - timedelta(days=1) if starts else None)
     study_gpus = spec.resources.gpus_per_node * spec.resources.nodes
+    shares = packed_shares([t for t in trials if t.number in own_job], own_job)
     per_trial: dict[int, Usage] = {}
     for trial in trials:
         if trial.state.name == "WAITING" or not record.is_own(trial):
@@ -162,6 +170,9 @@ def study_cost(spec: StudySpec, trials: Sequence[optuna.trial.FrozenTrial]) -> S
             # A cluster that does not track gres/gpu in AccountingStorageTRES: sacct's time
             # times the GPUs the study asked for, an estimate.
             usage = Usage(usage.seconds, study_gpus, usage.cpus, measured=False)
+        if usage.measured and trial.number in shares:
+            share = shares[trial.number]
+            usage = Usage(usage.seconds, usage.gpus * share, usage.cpus * share, measured=usage.measured)
         per_trial[trial.number] = usage
     unit = "GPU-hours" if spec.resources.gpus_per_node else "CPU-hours"
     cost = StudyCost(unit, per_trial, {}, 0.0, all(u.measured for u in per_trial.values()))
@@ -175,6 +186,23 @@ def study_cost(spec: StudySpec, trials: Sequence[optuna.trial.FrozenTrial]) -> S
         if trial.state.name == "PRUNED" and 0 < trained < planned:
             cost.saved_by_pruning += spent * (planned / trained - 1)
     return cost
+
+
+def packed_shares(trials: Sequence[optuna.trial.FrozenTrial], job_of: dict[int, str]) -> dict[int, float]:
+    """Each packed trial's share of its job: its elapsed time over that of every trial the job
+    held (equal shares while none has said). Trials alone in their job are not listed."""
+    by_job: dict[str, list[optuna.trial.FrozenTrial]] = {}
+    for trial in trials:
+        by_job.setdefault(job_of[trial.number], []).append(trial)
+    shares: dict[int, float] = {}
+    for members in by_job.values():
+        if len(members) < 2:
+            continue
+        seconds = {t.number: float(t.user_attrs.get(record.ATTR_ELAPSED_S) or 0.0) for t in members}
+        total = sum(seconds.values())
+        for number, own in seconds.items():
+            shares[number] = own / total if total > 0 else 1 / len(members)
+    return shares
 
 
 def _planned_epochs(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> int:

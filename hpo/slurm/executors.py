@@ -27,6 +27,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from hpo.errors import LaunchError, one_line
 from hpo.paths import private_dir
+from hpo.trial import packing
 
 T = TypeVar("T")
 
@@ -141,7 +142,8 @@ def slurm_parameters(
         "time": time_min or res.time_min,
         "nodes": res.nodes,
         "ntasks_per_node": res.tasks_per_node,
-        "cpus_per_task": res.cpus_per_task,
+        # A packed job (trials_per_gpu) gives each of its trials what one trial gets, but the GPU.
+        "cpus_per_task": res.cpus_per_task * res.trials_per_gpu,
         "setup": list(res.setup),
         # One failed rank ends the step at once instead of leaving the others in a collective
         # until the DDP timeout: GPU-hours are not spent waiting for a dead peer.
@@ -162,7 +164,7 @@ def slurm_parameters(
     if res.gpus_per_node:
         params["gpus_per_node"] = res.gpus_per_node
     if res.mem_gb is not None:
-        params["mem"] = f"{int(res.mem_gb * 1024)}MB"
+        params["mem"] = f"{int(res.mem_gb * 1024 * res.trials_per_gpu)}MB"
     for key in ("partition", "account", "qos", "constraint"):
         value = getattr(res, key)
         if value is not None:
@@ -398,14 +400,15 @@ class SlurmStates:
         return str(job.watcher.get_state(str(job.job_id), mode="cache") or "UNKNOWN").split()[0].upper()
 
 
-def error_line(spec: StudySpec, job_id: str, tasks: int) -> str:
+def error_line(spec: StudySpec, job_id: str, tasks: int, slot: int | None = None) -> str:
     """The most telling line of a job's task logs: the last exception line of the first task that
     has one, else the last line of rank 0's log (read directly: submitit's ``exception()`` waits
-    up to 15 s per task for a result that a killed job never writes)."""
+    up to 15 s per task for a result that a killed job never writes). ``slot``: the log of that
+    member of a packed job."""
 
     last = ""
     for task in range(max(1, tasks)):
-        path = JobPaths(jobs_folder(spec) / "%j", job_id, task).stderr
+        path = job_log(spec, job_id, task, slot)
         try:
             lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
         except OSError:
@@ -416,6 +419,16 @@ def error_line(spec: StudySpec, job_id: str, tasks: int) -> str:
         if task == 0 and lines:
             last = lines[-1]
     return last
+
+
+def job_log(
+    spec: StudySpec, job_id: str, task: int = 0, slot: int | None = None, stderr: bool = True
+) -> Path:
+    """A job's log of task ``task``, or the own log of member ``slot`` of a packed job."""
+    paths = JobPaths(jobs_folder(spec) / "%j", job_id, task)
+    if slot is not None:
+        return packing.member_log(Path(paths.stderr).parent, job_id, slot, stderr)
+    return Path(paths.stderr if stderr else paths.stdout)
 
 
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|slurmstepd: error)\b")

@@ -26,7 +26,7 @@ from hpo import joblog, record, search
 from hpo.errors import one_line
 from hpo.slurm import accounting
 from hpo.storage import StorageRef, open_storage, with_retries
-from hpo.trial import retries
+from hpo.trial import packing, retries
 from hpo.trial.command_objective import CommandObjective
 from hpo.trial.objective import FunctionObjective, Objective, ObjectiveFailed, TrainerObjective
 from hpo.trial.reporter import OptunaReporter
@@ -232,17 +232,31 @@ def _tell(
     study.tell(trial.number, values, state=state, skip_if_finished=True)
 
 
-def job_identity() -> dict[str, str]:
-    """The Slurm job id and node list of this process (or the local controller's pid and host)."""
+def job_identity() -> dict[str, Any]:
+    """The Slurm job id and node list of this process (or the local controller's pid and host),
+    and its place in its job where the job runs several trials at once."""
     # submitit says which executor started us: a local trial on an interactive Slurm node also
     # sees SLURM_JOB_ID, which is not its job.
+    packed = (
+        {
+            record.ATTR_PACK_SLOT: int(os.environ[packing.ENV_SLOT]),
+            record.ATTR_PACK_SIZE: int(os.environ[packing.ENV_SIZE]),
+        }
+        if packing.ENV_SLOT in os.environ
+        else {}
+    )
     if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
         array = os.environ.get("SLURM_ARRAY_JOB_ID")
         job_id = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ["SLURM_JOB_ID"]
-        return {record.ATTR_JOB_ID: job_id, record.ATTR_NODES: os.environ.get("SLURM_JOB_NODELIST", "")}
+        return {
+            record.ATTR_JOB_ID: job_id,
+            record.ATTR_NODES: os.environ.get("SLURM_JOB_NODELIST", ""),
+            **packed,
+        }
     return {
         record.ATTR_JOB_ID: os.environ.get("SUBMITIT_LOCAL_JOB_ID", str(os.getpid())),
         record.ATTR_NODES: socket.gethostname(),
+        **packed,
     }
 
 

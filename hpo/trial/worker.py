@@ -14,7 +14,7 @@ from submitit.core.utils import UncompletedJobError
 from hpo import joblog, record, search, study_record
 from hpo.budget import compute, failing
 from hpo.storage import StorageRef, open_storage, with_retries
-from hpo.trial import retries
+from hpo.trial import packing, retries
 from hpo.trial.objective import Objective, TrainerObjective
 from hpo.trial.task import run_attached
 
@@ -51,8 +51,11 @@ class WorkerTask:
             or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
             or str(os.getpid())
         )
+        slot = int(os.environ.get(packing.ENV_SLOT, "0"))  # workers packed on one GPU share a job
         search.reseed_sampler(
-            study, self.spec, seed_stream=1 + len(study.get_trials(deepcopy=False)) + 7919 * int(worker)
+            study,
+            self.spec,
+            seed_stream=1 + len(study.get_trials(deepcopy=False)) + 7919 * int(worker) + 104729 * slot,
         )
         space = search.distributions(self.spec)
         ran = 0

@@ -81,6 +81,12 @@ def slots_per_node(spec: StudySpec) -> int:
     return -(-spec.study.max_concurrent // spec.resources.nodes)
 
 
+def gpus_per_node(spec: StudySpec) -> int:
+    """GPUs each node of the allocation holds for its trials: with ``trials_per_gpu`` k, Ray's
+    fractional GPUs put k trials (k actor processes) on each."""
+    return -(-spec.resources.gpus_per_node * slots_per_node(spec) // spec.resources.trials_per_gpu)
+
+
 @dataclasses.dataclass
 class RayClusterTask:
     """Run on every node of the allocation (one submitit task per node)."""
@@ -180,7 +186,7 @@ def _ray_start(
         f"--node-ip-address={node_ip}",
         f"--temp-dir={temp_dir}",
         f"--num-cpus={cpus_per_trial(spec) * slots}",
-        f"--num-gpus={spec.resources.gpus_per_node * slots}",
+        f"--num-gpus={gpus_per_node(spec)}",
         f"--min-worker-port={low}",
         f"--max-worker-port={low + _WORKER_PORTS}",
         "--disable-usage-stats",

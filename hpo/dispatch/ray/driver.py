@@ -235,7 +235,8 @@ def _tune_trainable(spec: StudySpec, objective: Objective, pbt: bool) -> Any:
 
     if spec.resources.tasks_per_node > 1:  # a DDP trial: its Ray Train workers hold the resources
         return ddp_trial.tune_trainable(spec, objective)
-    resources = {"cpu": float(spec.resources.cpus_per_task), "gpu": float(spec.resources.gpus_per_node)}
+    # trials_per_gpu > 1: Ray's fractional GPUs place that many trials on each GPU.
+    resources = {"cpu": float(spec.resources.cpus_per_task), "gpu": spec.resources.gpus_per_trial}
     return tune.with_resources(
         tune.with_parameters(_trainable, spec=spec, objective=objective, pbt=pbt), resources=resources
     )

@@ -14,7 +14,7 @@ from hpo.budget import compute
 from hpo.dispatch import lease, site
 from hpo.dispatch.common import open_study
 from hpo.dispatch.ray import driver
-from hpo.dispatch.ray.cluster import RayClusterTask, cpus_per_trial, slots_per_node
+from hpo.dispatch.ray.cluster import RayClusterTask, cpus_per_trial, gpus_per_node, slots_per_node
 from hpo.errors import LaunchError, one_line
 from hpo.paths import private_dir
 from hpo.slurm import executors
@@ -77,7 +77,8 @@ def allocation_spec(spec: StudySpec, remaining: int) -> tuple[StudySpec, int]:
         spec.resources,
         tasks_per_node=1,
         cpus_per_task=cpus_per_trial(spec) * slots,
-        gpus_per_node=spec.resources.gpus_per_node * slots,
+        gpus_per_node=gpus_per_node(spec),
+        trials_per_gpu=1,  # the allocation is one job of Ray's; Ray packs the trials
     )
     waves = math.ceil(remaining / spec.study.max_concurrent)
     time_min = spec.resources.worker_time_min or min(24 * 60, spec.resources.time_min * waves + 10)
