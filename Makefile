@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 # torch is pinned where it is installed: a range that admits a newer release pulls several GB.
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: setup system-deps cluster cluster-down test test-fast lint quickstart train bench bench-quick clean
+.PHONY: setup system-deps cluster cluster-down test test-fast lint quickstart train bench bench-quick gpu-check clean
 
 setup: system-deps $(STAMP)
 
@@ -52,6 +52,11 @@ quickstart: setup
 train: setup
 	$(PY) -m trainer --config studies/trainer-fashion-mnist.yaml \
 		--checkpoint-dir runs/train --result-json runs/train/result.json
+
+# On a GPU node: every GPU path in under ten minutes, one line per check, bench/results/gpu.json
+# (on a machine without a GPU it says so and exits 0).
+gpu-check: setup
+	$(PY) -m bench gpu
 
 # Every benchmark, side by side, into bench/results/ and docs/benchmarks.md (about 60 minutes;
 # `make bench-quick` about 10).

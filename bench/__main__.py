@@ -235,8 +235,27 @@ def write_doc(out: Path, doc: Path) -> None:
         if name == "replay" and (out / "replay-stopping-notes.md").exists():
             # bench/replay_stopping.py's figures (stop rules, warm start), run on their own.
             lines += [(out / "replay-stopping-notes.md").read_text().rstrip(), ""]
+    gpu = out / "gpu.json"
+    if gpu.exists() and not json.loads(gpu.read_text()).get("rehearsal_on_cpu"):
+        lines += ["## gpu", "", "`python -m bench gpu` (`make gpu-check`) on a GPU node: every GPU path, "
+                  "the ResNet-50 images/s against the published figures, trials per GPU-hour packed "
+                  "k = 1, 2, 4 per GPU.", "", "```", (out / "gpu.txt").read_text().rstrip(), "```", ""]  # fmt: skip
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(lines))
+
+
+def gpu_check(out: Path, doc: Path) -> int:
+    """``python -m bench gpu``: bench/gpu.py, its output kept for the doc where a GPU ran it."""
+    out.mkdir(parents=True, exist_ok=True)
+    result = out / "gpu.json"
+    before = result.stat().st_mtime if result.exists() else None
+    command = [sys.executable, str(REPO / "bench" / "gpu.py"), "--json", str(result)]
+    proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    sys.stdout.write(proc.stdout)
+    if result.exists() and result.stat().st_mtime != before:  # a GPU was there: keep its output
+        (out / "gpu.txt").write_text(proc.stdout)
+        write_doc(out, doc)
+    return proc.returncode
 
 
 def record_run(out: Path, name: str, quick: bool, seconds: float) -> None:
@@ -255,12 +274,15 @@ def record_run(out: Path, name: str, quick: bool, seconds: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("which", nargs="+", choices=["all", "doc", *BENCHMARKS],
-                        help="all, some of them, or doc (rewrite the doc only)")  # fmt: skip
+    parser.add_argument("which", nargs="+", choices=["all", "doc", "gpu", *BENCHMARKS],
+                        help="all, some of them, doc (rewrite the doc only), or gpu (the GPU check, "
+                             "on a GPU node; not part of all)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="the short variant of each")
     parser.add_argument("--out", type=Path, default=REPO / "bench/results", help="where outputs go")
     parser.add_argument("--doc", type=Path, default=REPO / "docs/benchmarks.md", help="the doc to rewrite")
     args = parser.parse_args(argv)
+    if args.which == ["gpu"]:
+        return gpu_check(args.out, args.doc)
     names = list(BENCHMARKS) if "all" in args.which else [n for n in BENCHMARKS if n in args.which]
     if not names:  # `doc` alone
         write_doc(args.out, args.doc)
