@@ -4,6 +4,7 @@ the local Slurm cluster (CPU nodes of 2 CPUs: packs of 2 one-CPU trials) and wit
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import uuid
@@ -95,8 +96,9 @@ def test_a_packed_job_asks_slurm_for_each_trials_cpus_and_memory_and_one_gpu(tmp
     spec = load_study(write_study(tmp_path / "study.yaml", document))
     params = executors.slurm_parameters(spec, "hpo-x", direct=True)
     assert (params["cpus_per_task"], params["gpus_per_node"], params["mem"]) == (8, 1, "32768MB")
-    # What one trial is charged before sacct says: a quarter of the GPU.
+    # What one trial is charged where sacct cannot split a job (a --workers job): a quarter of the GPU.
     assert spec.resources.gpus_per_trial == 0.25
+    assert accounting.trial_estimate(spec, _frozen(0, "9", 3600.0)).gpu_hours == pytest.approx(0.25)
 
 
 @pytest.mark.fast
@@ -137,16 +139,17 @@ def test_packed_trials_on_slurm_prune_requeue_resume_and_share_the_cost_of_their
         fresh_database,
         launcher,
         lambda trials: (
-            len(trials) == 4 and trials[0].state.name == "PRUNED" and len(trials[1].intermediate_values) >= 2
+            len(trials) == 4
+            and trials[0].state.name == "PRUNED"
+            and all(len(t.intermediate_values) >= 2 for t in trials[1:])
         ),
         timeout=300,
     )
-    job_id = trials[1].user_attrs["job_id"]
-    assert trials[0].user_attrs["job_id"] == job_id != trials[2].user_attrs["job_id"], [
-        t.user_attrs for t in trials
-    ]
+    job_id, other_job = trials[1].user_attrs["job_id"], trials[2].user_attrs["job_id"]
+    assert trials[0].user_attrs["job_id"] == job_id != other_job == trials[3].user_attrs["job_id"]
     # Slurm's signal before the time limit (or a preemption's), to the batch shell as --signal=B:USR2@90.
-    subprocess.run(["scancel", "--full", "--signal=USR2", job_id], check=True, timeout=30)
+    for job in (job_id, other_job):
+        subprocess.run(["scancel", "--full", "--signal=USR2", job], check=True, timeout=30)
     output = launcher.communicate(timeout=600)[0]
     assert launcher.returncode == 0, output
 
@@ -155,14 +158,14 @@ def test_packed_trials_on_slurm_prune_requeue_resume_and_share_the_cost_of_their
     for trial in [resumed, *others]:
         assert trial.state.name == "COMPLETE", output
         assert sorted(trial.intermediate_values) == list(range(1, STEPS + 1)), trial.intermediate_values
-    assert resumed.user_attrs.get("restarts") == 1 and resumed.user_attrs["job_id"] == job_id, (
-        resumed.user_attrs
-    )
     assert [t.user_attrs["pack_slot"] for t in (pruned, resumed, *others)] == [0, 1, 0, 1]
+    for trial in (resumed, *others):  # each from its own checkpoint, in its own log
+        job, slot = trial.user_attrs["job_id"], trial.user_attrs["pack_slot"]
+        assert trial.user_attrs.get("restarts") == 1, trial.user_attrs
+        log = (tmp_path / "work" / "jobs" / job / f"{job}_slot{slot}_log.out").read_text()
+        steps = re.findall(rf"trial {trial.number}: resumed from step (\d+)", log)
+        assert len(steps) == 1 and int(steps[0]) >= 2, log
     logs = tmp_path / "work" / "jobs" / job_id
-    resumed_log = (logs / f"{job_id}_slot1_log.out").read_text()
-    step = int(re.findall(r"trial 1: resumed from step (\d+)", resumed_log)[-1])
-    assert step >= 2, resumed_log
     # The pruned trial was not run again by the requeued job: it was finished.
     assert "already finished in the study; nothing to run" in (logs / f"{job_id}_slot0_log.out").read_text()
     assert set(final_sacct_states([job_id, others[0].user_attrs["job_id"]]).values()) == {"COMPLETED"}
@@ -185,7 +188,27 @@ def test_packed_trials_on_slurm_prune_requeue_resume_and_share_the_cost_of_their
     assert "shared its job with 1" in rows["0"] and "shared its job with 0" in rows["1"], status.stdout
     assert "requeued 1x" in rows["1"], status.stdout
     log = run_hpo("logs", str(study_file), "1", "--storage", fresh_database)
-    assert "resumed from step" in log.stdout, log.stdout[-2000:]
+    assert "trial 1: resumed from step" in log.stdout, log.stdout[-2000:]
+    report = run_hpo(
+        "report", str(study_file), "--storage", fresh_database, "--out", str(tmp_path / "report")
+    )
+    assert report.returncode == 0, report.stderr
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["packed_jobs"] == {job_id: [0, 1], other_job: [2, 3]}, summary["packed_jobs"]
+    assert "shared its job with 1" in (tmp_path / "report" / "index.html").read_text()
+
+
+@pytest.mark.slow
+def test_a_pack_bigger_than_every_node_of_the_partition_is_refused_before_submission(
+    tmp_path: Path, local_cluster: str
+) -> None:
+    document = _packed_study(tmp_path, "slurm", k=3, n_trials=3)  # the nodes have 2 CPUs
+    proc = run_hpo("launch", str(write_study(tmp_path / "study.yaml", document)))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "a job needs 1 nodes with 0 GPUs and 3 CPUs each (3 packed trials of 1)" in proc.stderr, (
+        proc.stderr
+    )
+    assert "Traceback" not in proc.stderr and not (tmp_path / "work" / "jobs").exists()
 
 
 @pytest.mark.slow
