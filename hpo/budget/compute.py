@@ -113,13 +113,7 @@ def time_limit_cost(spec: StudySpec) -> float:
     """The most one trial can cost: its job's time limit times what it gets."""
     res = spec.resources
     if res.gpus_per_node:
-        return (
-            res.time_min
-            / 60
-            * res.gpus_per_node
-            / res.trials_per_gpu
-            * (1 if spec.study.backend == "ray" else res.nodes)
-        )
+        return res.time_min / 60 * accounting.trial_gpus(spec)
     ranks = res.tasks_per_node if spec.study.backend == "ray" else res.world_size
     return res.time_min / 60 * res.cpus_per_task * ranks
 

@@ -100,11 +100,6 @@ class Resources:
         """Whether a job runs several trials at once (``trials_per_gpu`` > 1)."""
         return self.trials_per_gpu > 1
 
-    @property
-    def gpus_per_trial(self) -> float:
-        """The GPUs one trial holds: its job's, shared among the trials packed on them."""
-        return self.gpus_per_node * self.nodes / self.trials_per_gpu
-
 
 def _check_placement(
     partition: str | None, account: str | None, qos: str | None, sbatch: dict[str, Any]

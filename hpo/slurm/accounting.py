@@ -145,8 +145,14 @@ def trial_estimate(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> Usage:
     elif seconds is None and trial.duration is not None:
         seconds = trial.duration.total_seconds()
     ranks = res.tasks_per_node if spec.study.backend == "ray" else res.world_size
-    gpus = res.gpus_per_node / res.trials_per_gpu * (1 if spec.study.backend == "ray" else res.nodes)
-    return Usage(float(seconds or 0.0), gpus, res.cpus_per_task * ranks, measured=False)
+    return Usage(float(seconds or 0.0), trial_gpus(spec), res.cpus_per_task * ranks, measured=False)
+
+
+def trial_gpus(spec: StudySpec) -> float:
+    """The GPUs one trial holds: its job's (with the Ray backend, where ``nodes`` is the size of
+    the shared allocation, one node's), shared among the trials packed on them."""
+    res = spec.resources
+    return res.gpus_per_node * (1 if spec.study.backend == "ray" else res.nodes) / res.trials_per_gpu
 
 
 def study_cost(spec: StudySpec, trials: Sequence[optuna.trial.FrozenTrial]) -> StudyCost:

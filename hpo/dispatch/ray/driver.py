@@ -32,6 +32,7 @@ from hpo.budget.compute import BudgetGate
 from hpo.dispatch.common import open_study
 from hpo.dispatch.ray import ddp_trial, optuna_search, population
 from hpo.paths import checkpoint_dir
+from hpo.slurm import accounting
 from hpo.storage import StorageRef
 from hpo.trial.objective import Objective, StepReport, TrainerObjective
 from hpo.trial.task import objective_for
@@ -236,7 +237,7 @@ def _tune_trainable(spec: StudySpec, objective: Objective, pbt: bool) -> Any:
     if spec.resources.tasks_per_node > 1:  # a DDP trial: its Ray Train workers hold the resources
         return ddp_trial.tune_trainable(spec, objective)
     # trials_per_gpu > 1: Ray's fractional GPUs place that many trials on each GPU.
-    resources = {"cpu": float(spec.resources.cpus_per_task), "gpu": spec.resources.gpus_per_trial}
+    resources = {"cpu": float(spec.resources.cpus_per_task), "gpu": accounting.trial_gpus(spec)}
     return tune.with_resources(
         tune.with_parameters(_trainable, spec=spec, objective=objective, pbt=pbt), resources=resources
     )

@@ -97,7 +97,7 @@ def test_a_packed_job_asks_slurm_for_each_trials_cpus_and_memory_and_one_gpu(tmp
     params = executors.slurm_parameters(spec, "hpo-x", direct=True)
     assert (params["cpus_per_task"], params["gpus_per_node"], params["mem"]) == (8, 1, "32768MB")
     # What one trial is charged where sacct cannot split a job (a --workers job): a quarter of the GPU.
-    assert spec.resources.gpus_per_trial == 0.25
+    assert accounting.trial_gpus(spec) == 0.25
     assert accounting.trial_estimate(spec, _frozen(0, "9", 3600.0)).gpu_hours == pytest.approx(0.25)
 
 
