@@ -23,8 +23,10 @@ import optuna
 import sqlalchemy
 
 from bench import scheduler_load
+from hpo import record
 from hpo.config import load_study
 from hpo.dispatch.launch import LaunchOptions, launch
+from hpo.slurm import executors
 from hpo.storage import resolve_storage
 from hpo.trial.objective import FixedDurationObjective
 
@@ -103,9 +105,15 @@ def run_wide(
     else:
         backend = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage.target))
         trials = optuna.load_study(study_name=name, storage=backend).get_trials(deepcopy=False)
+    # A --workers surplus trial (asked for the last slot by two workers at once) is closed unrun.
+    trials = [t for t in trials if not t.user_attrs.get(record.ATTR_SURPLUS)]
     complete = [t for t in trials if t.state.name == "COMPLETE"]
-    jobs = _sacct_jobs(f"hpo-{name}" if mode == "per-trial" else f"hpo-{name}:worker")
-    job_ids = [str(t.user_attrs.get("job_id")) for t in trials]
+    jobs = _sacct_jobs(executors.job_name(spec, "" if mode == "per-trial" else "worker"))
+    job_ids = [str(t.user_attrs.get(record.ATTR_JOB_ID)) for t in trials]
+    # Doubled: more completed trials than the budget, or (per-trial) a trial's job submitted twice.
+    doubled = max(0, len(complete) - n)
+    if mode == "per-trial":
+        doubled += len(job_ids) - len(set(job_ids)) + max(0, len(jobs) - n)
     minutes = makespan / 60
     return {
         "mode": mode,
@@ -115,7 +123,7 @@ def run_wide(
         "t": seconds,
         "trials": len(trials),
         "lost": n - len(complete),
-        "doubled": len(trials) - len({t.number for t in trials}) + max(0, len(complete) - n),
+        "doubled": doubled,
         # Per-trial: one job per trial, every one of them a trial's; workers: K array tasks.
         "jobs": len(jobs),
         "jobs_expected": n if mode == "per-trial" else k,

@@ -47,11 +47,6 @@ class Plan:
     warnings: list[str] = dataclasses.field(default_factory=list)
 
 
-def ranks_per_trial(spec: StudySpec) -> int:
-    res = spec.resources
-    return res.tasks_per_node if spec.study.backend == "ray" else res.world_size
-
-
 def plan(spec: StudySpec, storage: StorageRef) -> Plan:
     """Read the source studies, leaving out those this study (if it exists) imported already."""
     warm = spec.study.warm_start
@@ -130,7 +125,7 @@ def apply(spec: StudySpec, study: optuna.Study, planned: Plan, log: Any = print)
         done.append(f"best-of:{best_of}")
         study.set_user_attr(study_record.STUDY_ATTR_WARM_STARTED_FROM, done)
         log(f"enqueued the {len(queued)} best configurations of study {best_of!r} to run first")
-    study.set_user_attr(STUDY_ATTR_RANKS, ranks_per_trial(spec))
+    study.set_user_attr(STUDY_ATTR_RANKS, spec.trial_ranks)
 
 
 def _load(spec: StudySpec, ref: StorageRef, name: str, key: str) -> optuna.Study:
@@ -159,7 +154,7 @@ def _translate(spec: StudySpec, source: optuna.Study) -> tuple[list[optuna.trial
     """The source's completed trials as trials of this study's space, and why others were dropped."""
     space = search.distributions(spec)
     definition = study_record.stored_definition(source) or {}
-    ranks_there = int(source.user_attrs.get(STUDY_ATTR_RANKS, ranks_per_trial(spec)))
+    ranks_there = int(source.user_attrs.get(STUDY_ATTR_RANKS, spec.trial_ranks))
     trials: list[optuna.trial.FrozenTrial] = []
     dropped: list[str] = []
     unknown: set[str] = set()
@@ -207,4 +202,4 @@ def _rescaled_lr(spec: StudySpec, there: dict[str, Any], params: dict[str, Any],
     batch_here = int(params.get("batch_size", spec.trainer.get("batch_size", TrainConfig.batch_size)))
     if "batch_size" not in spec.search_space:
         batch_here = int(spec.trainer.get("batch_size", TrainConfig.batch_size))
-    return lr_used * batch_here * ranks_per_trial(spec) / global_there
+    return lr_used * batch_here * spec.trial_ranks / global_there

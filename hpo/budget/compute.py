@@ -114,8 +114,7 @@ def time_limit_cost(spec: StudySpec) -> float:
     res = spec.resources
     if res.gpus_per_node:
         return res.time_min / 60 * accounting.trial_gpus(spec)
-    ranks = res.tasks_per_node if spec.study.backend == "ray" else res.world_size
-    return res.time_min / 60 * res.cpus_per_task * ranks
+    return res.time_min / 60 * res.cpus_per_task * spec.trial_ranks
 
 
 def _ray_allocation(

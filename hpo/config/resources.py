@@ -100,6 +100,16 @@ class Resources:
         """Whether a job runs several trials at once (``trials_per_gpu`` > 1)."""
         return self.trials_per_gpu > 1
 
+    @property
+    def job_cpus_per_task(self) -> int:
+        """CPUs per process of a trial's (or worker's) job: each packed trial gets its own."""
+        return self.cpus_per_task * self.trials_per_gpu
+
+    @property
+    def job_mem_gb(self) -> float | None:
+        """Memory per node of a trial's (or worker's) job: each packed trial gets its own."""
+        return None if self.mem_gb is None else self.mem_gb * self.trials_per_gpu
+
 
 def _check_placement(
     partition: str | None, account: str | None, qos: str | None, sbatch: dict[str, Any]

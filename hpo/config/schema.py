@@ -72,6 +72,13 @@ class StudySpec:
         return int(self.trainer.get("epochs", 1))
 
     @property
+    def trial_ranks(self) -> int:
+        """The processes of one trial (with the Ray backend, ``nodes`` is the size of the
+        allocation its trials share, not a trial's)."""
+        res = self.resources
+        return res.tasks_per_node if self.study.backend == "ray" else res.world_size
+
+    @property
     def workdir(self) -> Path:
         return Path(self.study.workdir or f"runs/{self.study.name}").expanduser().absolute()
 
@@ -83,11 +90,7 @@ class StudySpec:
         values.update(params)
         lr_spec = self.search_space.get("lr")
         if lr_spec is not None and lr_spec.scale_with_batch_size and "lr" in params:
-            # A Ray-backend trial spans tasks_per_node ranks: its nodes are the shared allocation's.
-            ranks = (
-                self.resources.tasks_per_node if self.study.backend == "ray" else self.resources.world_size
-            )
-            global_batch = int(values.get("batch_size", TrainConfig.batch_size)) * ranks
+            global_batch = int(values.get("batch_size", TrainConfig.batch_size)) * self.trial_ranks
             values["lr"] = float(params["lr"]) * global_batch / lr_spec.scale_with_batch_size
         values.update(runtime)
         return TrainConfig.from_mapping(values)
@@ -329,11 +332,10 @@ def _check_packing(spec: StudySpec) -> None:
     res = spec.resources
     if not res.packed:
         return
-    ranks = res.tasks_per_node if spec.study.backend == "ray" else res.world_size
-    if ranks > 1:
+    if spec.trial_ranks > 1:
         raise _KeyProblem(
             "resources.trials_per_gpu",
-            f"packs one-process trials; these are DDP runs of {ranks} processes "
+            f"packs one-process trials; these are DDP runs of {spec.trial_ranks} processes "
             "(set tasks_per_node and nodes to 1, or trials_per_gpu to 1)",
         )
 

@@ -285,7 +285,7 @@ class Dispatcher:
                 job_id,
                 kind,
                 self.spec.resources.world_size,
-                slot=None if executor == "worker" or slot is None else int(slot),
+                slot=None if slot is None else int(slot),
             )
             if kind == "slurm":
                 entry.job = executors.slurm_job(self.spec, job_id)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import time
 from typing import Any
 
@@ -42,9 +41,6 @@ class PerTrialDispatcher(Dispatcher):
     hold_jobs_until_gone = False
     """Whether a finished trial's job keeps its place until squeue no longer lists it (at the
     site's job limit, where one more job would be refused)."""
-    _queue: frozenset[str] = frozenset()
-    """The study's job ids squeue listed at ``_queue_read_at``."""
-    _queue_read_at = float("-inf")
     _suspect_at: int | None = None
     """How many trials had ended when the launch began to wait for the next one to decide."""
 
@@ -224,13 +220,8 @@ class PerTrialDispatcher(Dispatcher):
             return False
         if not self.hold_jobs_until_gone:
             return entry.job is not None and not self.slurm.ended(entry.job)
-        if now - self._queue_read_at >= QUEUE_READ_S:
-            try:
-                self._queue = frozenset(executors.queued_jobs(self.spec))
-            except (LaunchError, OSError, subprocess.SubprocessError):
-                self._queue = frozenset()  # squeue cannot tell: the slot is not held on a guess
-            self._queue_read_at = now
-        return entry.job_id in self._queue
+        # squeue cannot tell (None): the slot is not held on a guess.
+        return bool(self.slurm.queued(entry.job_id, QUEUE_READ_S))
 
     def _out_of_memory(self, entry: InFlight) -> bool:
         """Slurm killed the job for exceeding its memory: the parameters are infeasible there."""

@@ -31,6 +31,7 @@ from hpo.dispatch.ray.driver import RAY_PRUNERS
 from hpo.errors import NotReadyError, StudyFileError, one_line, optional_extra
 from hpo.journal import shared_filesystem_warning
 from hpo.paths import why_not_creatable
+from hpo.slurm import limits
 from hpo.storage import JOURNAL_PREFIX
 from trainer.config import TrainConfig
 from trainer.errors import ConfigError
@@ -85,11 +86,10 @@ def check_packing_fits_here(spec: StudySpec) -> None:
     """Local processes: a pack of trials cannot have more CPUs than this machine."""
     res = spec.resources
     cpus = os.cpu_count() or 1
-    if res.packed and res.trials_per_gpu * res.cpus_per_task > cpus:
+    if res.packed and res.job_cpus_per_task > cpus:
         raise StudyFileError(
             f"{spec.source}: resources.trials_per_gpu: {res.trials_per_gpu} trials of "
-            f"{res.cpus_per_task} CPUs each need {res.trials_per_gpu * res.cpus_per_task} CPUs; "
-            f"this machine has {cpus}"
+            f"{res.cpus_per_task} CPUs each need {res.job_cpus_per_task} CPUs; this machine has {cpus}"
         )
 
 
@@ -161,8 +161,7 @@ def _job_shape(spec: StudySpec) -> tuple[int, int, int]:
     if spec.study.backend == "ray":
         slots = slots_per_node(spec)  # one allocation holding its share of the concurrent trials
         return res.nodes, ray_gpus_per_node(spec), cpus_per_trial(spec) * slots
-    # A packed job's trials each get their CPUs; they share its GPU.
-    return res.nodes, res.gpus_per_node, res.cpus_per_task * res.tasks_per_node * res.trials_per_gpu
+    return res.nodes, res.gpus_per_node, res.job_cpus_per_task * res.tasks_per_node
 
 
 def check_executor_available(spec: StudySpec, executor: str) -> None:
@@ -180,16 +179,9 @@ def check_qos_wall(spec: StudySpec) -> None:
     qos = spec.resources.qos
     if not qos:
         return
-    try:
-        out = subprocess.run(
-            ["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall"],
-            capture_output=True, text=True, timeout=60, check=True,
-        ).stdout  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return  # no accounting to ask: let sbatch judge
-    walls = parse_qos_walls(out)
+    walls = limits.qos_walls()
     if not walls:
-        return
+        return  # no accounting to ask: let sbatch judge
     if qos not in walls:
         raise StudyFileError(
             f"{spec.source}: resources.qos: no QoS {qos!r} on this cluster; it has {', '.join(sorted(walls))}"
@@ -203,12 +195,6 @@ def check_qos_wall(spec: StudySpec) -> None:
             f"{spec.source}: resources.time: {spec.resources.time} ({spec.resources.time_min:g} min) is longer "
             f"than QoS {qos}'s MaxWall {wall} ({limit_min:g} min); lower it or use another qos"
         )
-
-
-def parse_qos_walls(out: str) -> dict[str, str]:
-    """``sacctmgr -n -P show qos format=Name,MaxWall``: QoS name -> its MaxWall as printed (empty
-    when it has none)."""
-    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
 
 
 def parse_node_capacity(out: str, partition: str | None) -> dict[str, tuple[int, int]]:

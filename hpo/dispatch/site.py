@@ -67,7 +67,8 @@ def job_time_min(spec: StudySpec, wanted_min: int, what: str, log: Log) -> int:
     """A job's computed time limit (a --workers job's, the Ray allocation's) within the longest the
     site lets a job ask for, said in one line where it lowers it: a longer one is refused or pends
     forever. Never below a trial's own time (pre-flight refuses a trial longer than the limit)."""
-    longest = limits.longest_job_min(spec.resources.qos, spec.resources.partition)
+    res = spec.resources
+    longest = limits.longest_job_min(res.qos, res.partition, res.account)
     if longest is None or wanted_min <= longest[0]:
         return wanted_min
     minutes = max(int(longest[0]), spec.resources.time_min)

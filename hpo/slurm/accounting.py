@@ -134,9 +134,15 @@ def own_allocation(spec: StudySpec) -> tuple[float, float]:
 
 
 def trial_estimate(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> Usage:
-    """The trial's own elapsed time times what one trial gets (shared or local jobs); a running
-    trial's time since it started (a job still waiting in the queue costs nothing yet)."""
-    res = spec.resources
+    """The trial's own elapsed time times what one trial gets (shared or local jobs)."""
+    pack = trial.user_attrs.get(record.ATTR_PACK_SIZE)  # a short last pack shares among fewer
+    gpus = trial_gpus(spec, None if pack is None else int(pack))
+    return Usage(trial_seconds(trial), gpus, spec.resources.cpus_per_task * spec.trial_ranks, measured=False)
+
+
+def trial_seconds(trial: optuna.trial.FrozenTrial) -> float:
+    """How long the trial has run: its elapsed time, or a running trial's time since it started
+    (a job still waiting in the queue costs nothing yet)."""
     seconds = trial.user_attrs.get(record.ATTR_ELAPSED_S)
     if seconds is None and trial.state.name == "RUNNING":
         started = trial.user_attrs.get(record.ATTR_STARTED_AT)
@@ -144,15 +150,15 @@ def trial_estimate(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> Usage:
             seconds = max(0.0, (datetime.now(timezone.utc) - datetime.fromisoformat(started)).total_seconds())
     elif seconds is None and trial.duration is not None:
         seconds = trial.duration.total_seconds()
-    ranks = res.tasks_per_node if spec.study.backend == "ray" else res.world_size
-    return Usage(float(seconds or 0.0), trial_gpus(spec), res.cpus_per_task * ranks, measured=False)
+    return float(seconds or 0.0)
 
 
-def trial_gpus(spec: StudySpec) -> float:
-    """The GPUs one trial holds: its job's (with the Ray backend, where ``nodes`` is the size of
-    the shared allocation, one node's), shared among the trials packed on them."""
+def trial_gpus(spec: StudySpec, pack_size: int | None = None) -> float:
+    """The GPUs one trial holds: its job's (with the Ray backend, one node's), shared among the
+    trials packed on them (``trials_per_gpu``, or the size of its own pack where known)."""
     res = spec.resources
-    return res.gpus_per_node * (1 if spec.study.backend == "ray" else res.nodes) / res.trials_per_gpu
+    nodes = 1 if spec.study.backend == "ray" else res.nodes
+    return res.gpus_per_node * nodes / (pack_size or res.trials_per_gpu)
 
 
 def study_cost(spec: StudySpec, trials: Sequence[optuna.trial.FrozenTrial]) -> StudyCost:
@@ -165,21 +171,22 @@ def study_cost(spec: StudySpec, trials: Sequence[optuna.trial.FrozenTrial]) -> S
     starts = [t.datetime_start for t in trials if t.number in own_job and t.datetime_start is not None]
     measured = sacct_usage(own_job.values(), since=min(starts) - timedelta(days=1) if starts else None)
     study_gpus = spec.resources.gpus_per_node * spec.resources.nodes
-    shares = packed_shares([t for t in trials if t.number in own_job], own_job)
+    shares = packed_shares(trials)
     per_trial: dict[int, Usage] = {}
     for trial in trials:
         if trial.state.name == "WAITING" or not record.is_own(trial):
             continue
         job = own_job.get(trial.number, "")
-        usage = measured[job] if job in measured else trial_estimate(spec, trial)
-        if usage.measured and study_gpus and not usage.gpus:
+        if job not in measured:
+            per_trial[trial.number] = trial_estimate(spec, trial)
+            continue
+        usage = measured[job]
+        share = shares.get(trial.number, 1.0)  # a packed trial's part of its job
+        if study_gpus and not usage.gpus:
             # A cluster that does not track gres/gpu in AccountingStorageTRES: sacct's time
             # times the GPUs the study asked for, an estimate.
             usage = Usage(usage.seconds, study_gpus, usage.cpus, measured=False)
-        if usage.measured and trial.number in shares:
-            share = shares[trial.number]
-            usage = Usage(usage.seconds, usage.gpus * share, usage.cpus * share, measured=usage.measured)
-        per_trial[trial.number] = usage
+        per_trial[trial.number] = Usage(usage.seconds, usage.gpus * share, usage.cpus * share, usage.measured)
     unit = "GPU-hours" if spec.resources.gpus_per_node else "CPU-hours"
     cost = StudyCost(unit, per_trial, {}, 0.0, all(u.measured for u in per_trial.values()))
     for trial in trials:
@@ -194,20 +201,19 @@ def study_cost(spec: StudySpec, trials: Sequence[optuna.trial.FrozenTrial]) -> S
     return cost
 
 
-def packed_shares(trials: Sequence[optuna.trial.FrozenTrial], job_of: dict[int, str]) -> dict[int, float]:
-    """Each packed trial's share of its job: its elapsed time over that of every trial the job
-    held (equal shares while none has said). Trials alone in their job are not listed."""
-    by_job: dict[str, list[optuna.trial.FrozenTrial]] = {}
-    for trial in trials:
-        by_job.setdefault(job_of[trial.number], []).append(trial)
+def packed_shares(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[int, float]:
+    """Each packed trial's share of its job (``record.packs``): its running time over that of
+    every trial the job held (a trial still running: its time so far; equal shares while none has
+    run). Trials alone in their job are not listed."""
+    by_number = {t.number: t for t in trials}
     shares: dict[int, float] = {}
-    for members in by_job.values():
-        if len(members) < 2:
+    for numbers in record.packs(trials).values():
+        if len(numbers) < 2:
             continue
-        seconds = {t.number: float(t.user_attrs.get(record.ATTR_ELAPSED_S) or 0.0) for t in members}
+        seconds = {n: trial_seconds(by_number[n]) for n in numbers}
         total = sum(seconds.values())
         for number, own in seconds.items():
-            shares[number] = own / total if total > 0 else 1 / len(members)
+            shares[number] = own / total if total > 0 else 1 / len(numbers)
     return shares
 
 

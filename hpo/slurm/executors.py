@@ -142,8 +142,7 @@ def slurm_parameters(
         "time": time_min or res.time_min,
         "nodes": res.nodes,
         "ntasks_per_node": res.tasks_per_node,
-        # A packed job (trials_per_gpu) gives each of its trials what one trial gets, but the GPU.
-        "cpus_per_task": res.cpus_per_task * res.trials_per_gpu,
+        "cpus_per_task": res.job_cpus_per_task,
         "setup": list(res.setup),
         # One failed rank ends the step at once instead of leaving the others in a collective
         # until the DDP timeout: GPU-hours are not spent waiting for a dead peer.
@@ -163,8 +162,8 @@ def slurm_parameters(
         }
     if res.gpus_per_node:
         params["gpus_per_node"] = res.gpus_per_node
-    if res.mem_gb is not None:
-        params["mem"] = f"{int(res.mem_gb * 1024 * res.trials_per_gpu)}MB"
+    if res.job_mem_gb is not None:
+        params["mem"] = f"{int(res.job_mem_gb * 1024)}MB"
     for key in ("partition", "account", "qos", "constraint"):
         value = getattr(res, key)
         if value is not None:
@@ -383,8 +382,14 @@ class SlurmStates:
         return state in _SLURM_ENDED
 
     def _listed_by_squeue(self, job_id: str) -> bool | None:
+        return self.queued(job_id, self.refresh_s)
+
+    def queued(self, job_id: str, max_age_s: float) -> bool | None:
+        """Whether squeue lists the job (pending, running or completing), from one squeue of all
+        the user's jobs read at most ``max_age_s`` ago; None when squeue cannot tell."""
         now = time.monotonic()
-        if now - self._queue_read_at >= self._queue_every_s:
+        every = max_age_s if self._queue is not None else self._queue_every_s
+        if now - self._queue_read_at >= every:
             # Stamped after the call: a squeue that takes its 60 s timeout is not asked again at once.
             self._queue = user_queue()
             self._queue_read_at = time.monotonic()

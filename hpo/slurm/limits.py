@@ -150,19 +150,28 @@ def _default_qos(account: str | None) -> str:
     return "normal"
 
 
-def longest_job_min(qos: str | None, partition: str | None) -> tuple[float, str] | None:
+def qos_walls() -> dict[str, str] | None:
+    """Each QoS's MaxWall as sacctmgr prints it (empty where it has none); None where sacctmgr
+    cannot be asked (no accounting)."""
+    out = _run(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall"])
+    return None if out is None else parse_qos_walls(out)
+
+
+def parse_qos_walls(out: str) -> dict[str, str]:
+    """``sacctmgr -n -P show qos format=Name,MaxWall``: QoS name -> its MaxWall as printed."""
+    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+
+
+def longest_job_min(qos: str | None, partition: str | None, account: str | None) -> tuple[float, str] | None:
     """The longest time limit a job may ask for, in minutes, and what sets it: the QoS's MaxWall
-    (``qos``, else the association's default QoS) or the partition's MaxTime (``partition``, else
-    the default one), whichever is shorter; None where neither has one or Slurm cannot tell."""
+    (``qos``, else the default QoS of the user's association with ``account``) or the partition's
+    MaxTime (``partition``, else the default one), whichever is shorter; None where neither has
+    one or Slurm cannot tell."""
     found: list[tuple[float, str]] = []
-    qos = qos or _default_qos(None)
-    walls = _run(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall"])
-    for line in (walls or "").splitlines():
-        name, _, wall = line.partition("|")
-        if name == qos and wall.strip():
-            found.append(
-                (parse_duration_min("MaxWall", wall.strip()), f"QoS {qos}'s MaxWall is {wall.strip()}")
-            )
+    qos = qos or _default_qos(account)
+    wall = (qos_walls() or {}).get(qos, "").strip()
+    if wall:
+        found.append((parse_duration_min("MaxWall", wall), f"QoS {qos}'s MaxWall is {wall}"))
     times = _run(["sinfo", "-h", "-o", "%P|%l"])
     for line in (times or "").splitlines():
         name, _, limit = line.partition("|")

@@ -136,8 +136,10 @@ class PackedJob:
                 continue
             try:
                 pid, status = os.waitpid(proc.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped by the loop this handler interrupted
-                pid, status = proc.pid, 255 << 8
+            except ChildProcessError:
+                # Reaped by the loop this handler interrupted, its status lost: taken as killed
+                # (requeued as it left itself; a trial it told is skipped on the next run).
+                pid, status = proc.pid, signal.SIGKILL
             if pid:
                 self._exits[slot] = os.waitstatus_to_exitcode(status)
                 proc.returncode = self._exits[slot]  # Popen must not wait for it again
@@ -184,7 +186,7 @@ def _run_member(pickle_path: Path) -> int:
     try:
         member()
     except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else 1
+        return 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
     return 0
 
 

@@ -227,21 +227,18 @@ def test_a_trial_asked_but_never_submitted_is_closed_and_not_counted(
     tmp_path: Path, fresh_database: str, fashion_mnist_root: str
 ) -> None:
     document = slurm_study(tmp_path, n_trials=1, max_concurrent=1, epochs=1, max_steps_per_epoch=20)
-    study_file = write_study(tmp_path / "study.yaml", document)
-    # A submission that fails: the launcher exits, its trial closed with the reason.
-    folder = tmp_path / "refusing-bin"
-    folder.mkdir()
-    (folder / "sbatch").write_text(
-        "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid account' >&2\nexit 1\n"
-    )
-    (folder / "sbatch").chmod(0o755)
-    refused = launcher(study_file, fresh_database, {"PATH": f"{folder}:{os.environ['PATH']}"})
+    # A submission the real sbatch refuses (the cluster enforces associations: no such account):
+    # the launcher exits, its trial closed with the reason.
+    document["resources"]["account"] = "nosuchaccount"
+    refused = launcher(write_study(tmp_path / "study.yaml", document), fresh_database, {})
     output = refused.communicate(timeout=300)[0]
     assert refused.returncode == 1, output
     assert (
         "never submitted: submission failed: sbatch: error: Batch job submission failed: Invalid account"
         in output
     )
+    del document["resources"]["account"]
+    study_file = write_study(tmp_path / "study.yaml", document)
     # A launcher killed between ask and submit leaves a RUNNING trial with nothing on it.
     import optuna
 

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -96,23 +97,33 @@ def test_a_packed_job_asks_slurm_for_each_trials_cpus_and_memory_and_one_gpu(tmp
     spec = load_study(write_study(tmp_path / "study.yaml", document))
     params = executors.slurm_parameters(spec, "hpo-x", direct=True)
     assert (params["cpus_per_task"], params["gpus_per_node"], params["mem"]) == (8, 1, "32768MB")
-    # What one trial is charged where sacct cannot split a job (a --workers job): a quarter of the GPU.
+    # What one trial is charged where sacct cannot split a job (a --workers job): a quarter of the
+    # GPU, or its share of a smaller last pack.
     assert accounting.trial_gpus(spec) == 0.25
-    assert accounting.trial_estimate(spec, _frozen(0, "9", 3600.0)).gpu_hours == pytest.approx(0.25)
+    alone = optuna.trial.create_trial(value=1.0, user_attrs={"elapsed_s": 3600.0})
+    assert accounting.trial_estimate(spec, alone).gpu_hours == pytest.approx(0.25)
+    assert accounting.trial_estimate(spec, _frozen(0, "9", 3600.0)).gpu_hours == pytest.approx(0.5)
 
 
 @pytest.mark.fast
 def test_packed_trials_share_their_jobs_sacct_cost_by_their_own_time() -> None:
-    trials = [_frozen(0, "7", 10.0), _frozen(1, "7", 30.0), _frozen(2, "8", 5.0)]
-    shares = accounting.packed_shares(trials, {0: "7", 1: "7", 2: "8"})
-    assert shares == {0: 0.25, 1: 0.75}  # trial 2 had its job to itself
-    untold = accounting.packed_shares([_frozen(0, "9", 0.0), _frozen(1, "9", 0.0)], {0: "9", 1: "9"})
-    assert untold == {0: 0.5, 1: 0.5}
+    trials = [_frozen(0, "7", 10.0), _frozen(1, "7", 30.0), _frozen(2, "8", 5.0, pack=1)]
+    assert accounting.packed_shares(trials) == {0: 0.25, 1: 0.75}  # trial 2 had its job to itself
+    assert accounting.packed_shares([_frozen(0, "9", 0.0), _frozen(1, "9", 0.0)]) == {0: 0.5, 1: 0.5}
+    # A mate still running counts its time so far: 10 s told, about 30 s running.
+    running = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.RUNNING,
+        user_attrs={"job_id": "6", "pack_size": 2, "executor": "slurm",
+                    "started_at": (datetime.now(timezone.utc) - timedelta(seconds=30)).isoformat()},
+    )  # fmt: skip
+    running.number = 1
+    shares = accounting.packed_shares([_frozen(0, "6", 10.0), running])
+    assert shares[0] == pytest.approx(0.25, abs=0.02) and sum(shares.values()) == pytest.approx(1.0)
 
 
-def _frozen(number: int, job: str, elapsed: float) -> optuna.trial.FrozenTrial:
+def _frozen(number: int, job: str, elapsed: float, pack: int = 2) -> optuna.trial.FrozenTrial:
     frozen = optuna.trial.create_trial(
-        value=1.0, user_attrs={"job_id": job, "elapsed_s": elapsed, "pack_size": 2, "executor": "slurm"}
+        value=1.0, user_attrs={"job_id": job, "elapsed_s": elapsed, "pack_size": pack, "executor": "slurm"}
     )
     frozen.number = number
     return frozen

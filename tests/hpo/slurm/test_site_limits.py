@@ -4,16 +4,19 @@ development QoS does (deploy/local-cluster enforces limits)."""
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hpo.slurm import executors, limits
+from tests.conftest import shared_lock
 from tests.hpo.helpers import load_trials, run_hpo, score_study, sleeping_objective, write_study
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "sacctmgr"
@@ -48,7 +51,7 @@ def test_the_limits_of_the_qos_and_the_association_a_job_falls_under() -> None:
 
 
 @pytest.mark.fast
-def test_a_full_job_limit_is_waited_out_and_a_policy_refusal_is_not() -> None:
+def test_sbatch_words_for_a_full_job_limit_are_told_from_a_policy_refusal() -> None:
     full = RuntimeError(
         "sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch job submission failed: Job violates "
         "accounting/QOS policy (job submit limit, user's size and/or time limits)"
@@ -59,6 +62,52 @@ def test_a_full_job_limit_is_waited_out_and_a_policy_refusal_is_not() -> None:
         "accounting/QOS policy (job submit limit, user's size and/or time limits)"
     )
     assert not executors.job_limit_full(too_long)
+
+
+@pytest.fixture
+def dev3_alone(local_cluster: str) -> Iterator[None]:
+    """QoS dev3 counts every job of the user: one test at a time fills it."""
+    with shared_lock("qos-dev3", fcntl.LOCK_EX):
+        yield
+
+
+def _sbatch(*options: str) -> str:
+    """The real sbatch; its refusal raised with its own words, as submitit raises it."""
+    proc = subprocess.run(
+        ["sbatch", "--parsable", "--qos=dev3", "--job-name=hpo-limit-test", "-o", "/dev/null", *options,
+         "--wrap", "sleep 1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr.strip())
+    return proc.stdout.strip()
+
+
+@pytest.mark.slow
+def test_a_full_job_limit_refused_by_the_real_sbatch_is_waited_out_and_a_policy_refusal_is_not(
+    dev3_alone: None,
+) -> None:
+    """Three held jobs fill dev3 (MaxSubmitJobsPerUser 3): the real sbatch refuses a fourth, the
+    submission waits with backoff until one of them leaves, then goes through; a job of an account
+    that does not exist is refused at once, no wait."""
+    held = [_sbatch("--hold") for _ in range(3)]
+    lines: list[str] = []
+    try:
+        with pytest.raises(RuntimeError) as refused:
+            _sbatch()
+        assert executors.job_limit_full(refused.value) and not executors.controller_away(refused.value), (
+            refused.value
+        )
+        threading.Timer(3.0, lambda: subprocess.run(["scancel", held[0]], timeout=60)).start()
+        job = executors.submit_when_controller_answers(_sbatch, lines.append, tolerance_s=120)
+        held.append(job)
+        assert len(lines) == 1 and lines[0].startswith("Slurm refuses more jobs of yours ("), lines
+        assert "sbatch again in 5 s" in lines[0], lines
+        with pytest.raises(RuntimeError, match="Invalid account"):
+            executors.submit_when_controller_answers(lambda: _sbatch("--account=nosuchaccount"), lines.append)
+        assert len(lines) == 1, lines  # refused at once: nothing waited for
+    finally:
+        subprocess.run(["scancel", *held], timeout=60)
 
 
 class _QueueWatch(threading.Thread):
@@ -84,9 +133,7 @@ class _QueueWatch(threading.Thread):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["per-trial", "workers"])
-def test_a_study_above_its_qos_job_limit_runs_inside_it(
-    tmp_path: Path, mode: str, local_cluster: str
-) -> None:
+def test_a_study_above_its_qos_job_limit_runs_inside_it(tmp_path: Path, mode: str, dev3_alone: None) -> None:
     """max_concurrent (or --workers) 5 in a QoS that allows 3 queued jobs per user, one of them
     already taken by another job of the user: lowered to 2 with one line, no sbatch refused, every
     trial run once."""

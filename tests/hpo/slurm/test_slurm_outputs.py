@@ -11,7 +11,7 @@ import pytest
 
 from hpo.config.values import parse_duration_min
 from hpo.dispatch import preflight
-from hpo.slurm import accounting, executors
+from hpo.slurm import accounting, executors, limits
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 
@@ -50,10 +50,10 @@ def test_squeue_ids_keep_array_tasks_apart_and_a_pending_array_whole() -> None:
 
 
 def test_sacctmgr_qos_limits_read_with_and_without_days() -> None:
-    local = preflight.parse_qos_walls(_recorded("qos-local.txt", "sacctmgr"))
+    local = limits.parse_qos_walls(_recorded("qos-local.txt", "sacctmgr"))
     assert local == {"normal": "", "short5": "00:05:00"}
     assert parse_duration_min("MaxWall", local["short5"]) == 5
-    walls = preflight.parse_qos_walls(_recorded("qos-days.txt", "sacctmgr"))
+    walls = limits.parse_qos_walls(_recorded("qos-days.txt", "sacctmgr"))
     assert parse_duration_min("MaxWall", walls["qos_gpu-t4"]) == 4 * 24 * 60
     assert parse_duration_min("MaxWall", walls["qos_gpu-t3"]) == 20 * 60
     assert walls["normal"] == ""  # no limit

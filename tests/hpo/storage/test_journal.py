@@ -170,7 +170,9 @@ def test_records_run_together_on_one_line_are_all_kept(tmp_path: Path) -> None:
     assert [(t.number, t.state.name, t.params) for t in _trials(journal)] == before
 
 
-def test_a_journal_on_a_shared_filesystem_is_named_with_its_type(small_filesystem: Path) -> None:
+def test_a_journals_filesystem_type_is_read_from_its_mount_and_tmpfs_is_not_warned_of(
+    small_filesystem: Path,
+) -> None:
     from hpo.journal import SHARED_FILESYSTEMS, filesystem_type, shared_filesystem_warning
 
     assert filesystem_type(small_filesystem / "study.journal") == "tmpfs"  # the real mount's type
