@@ -255,7 +255,7 @@ def test_a_trial_asked_but_never_submitted_is_closed_and_not_counted(
     status = run_hpo("status", str(study_file), "--storage", fresh_database)
     assert "1 of 1 trials" in status.stdout, status.stdout
     fault_line(
-        "a submission refused by sbatch; a launcher stopped between ask and submit",
+        "a submission refused by sbatch (an account that does not exist); a launcher stopped between ask and submit",
         "each trial asked for it closed FAIL with its reason, not counted; the relaunch ran the budget of 1 exactly",
         0,
         None,

@@ -18,6 +18,7 @@ import pytest
 from hpo.config import load_study
 from hpo.slurm import accounting, executors
 from tests.hpo.helpers import (
+    fault_line,
     final_sacct_states,
     launch_in_background,
     load_trials,
@@ -207,6 +208,14 @@ def test_packed_trials_on_slurm_prune_requeue_resume_and_share_the_cost_of_their
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert summary["packed_jobs"] == {job_id: [0, 1], other_job: [2, 3]}, summary["packed_jobs"]
     assert "shared its job with 1" in (tmp_path / "report" / "index.html").read_text()
+    fault_line(
+        "USR2 to two packed jobs of 2 trials each (`trials_per_gpu: 2`), one trial already pruned",
+        "each job passed the signal on, its running trials checkpointed and the job requeued; each "
+        "resumed from its own checkpoint, COMPLETE; the pruned one was skipped; sacct's cost of each "
+        "job shared by its trials",
+        0,
+        None,
+    )
 
 
 @pytest.mark.slow
