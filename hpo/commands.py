@@ -354,10 +354,17 @@ def _print_dry_run(spec: StudySpec, storage: StorageRef, executor: str) -> None:
     print(f"# {spec.source}, resolved (workdir {spec.workdir})")
     print(yaml.safe_dump(document, sort_keys=False).rstrip())
     if executor == "slurm":
-        print(
-            f"# sbatch script of each trial job (submitted by submitit; folder {executors.jobs_folder(spec)})"
-        )
+        k = spec.resources.trials_per_gpu
+        what = f"job of up to {k} trials at once" if spec.resources.packed else "trial job"
+        print(f"# sbatch script of each {what} (submitted by submitit; folder {executors.jobs_folder(spec)})")
         print(executors.render_sbatch(spec, executors.job_name(spec), direct=True).rstrip())
     else:
-        print(f"# each trial runs as a local process: {sys.executable} -m submitit.core._submit <job folder>")
+        if spec.resources.packed:
+            print(f"# each job of up to {spec.resources.trials_per_gpu} trials runs as a local process that "
+                  f"starts each trial in a process of its own: {sys.executable} -m submitit.core._submit "
+                  "<job folder>, then -m hpo.trial.packing <member> per trial")  # fmt: skip
+        else:
+            print(
+                f"# each trial runs as a local process: {sys.executable} -m submitit.core._submit <job folder>"
+            )
     print("# dry run: nothing submitted")
