@@ -60,7 +60,8 @@ class InFlight:
     job: Any = None
     """The submitit job; None for a local process re-attached by pid after a relaunch."""
     told_at: float | None = None
-    """When its trial was first seen finished (monotonic); its Slurm job may still be exiting."""
+    """When its job was first seen with no trial of its own running (monotonic), its trial and
+    any packed with it told: the job may still be exiting."""
     finished: optuna.trial.FrozenTrial | None = None
     """Its trial as first seen finished (its job may still be on the cluster)."""
     read_at: float = float("-inf")
