@@ -96,8 +96,12 @@ def test_ray_cluster_inside_one_slurm_job_spanning_both_nodes(
     states = [t.state.name for t in trials]
     assert len(trials) == 6 and set(states) <= {"COMPLETE", "PRUNED"}, states
     assert "PRUNED" in states and "COMPLETE" in states, states
-    assert {t.user_attrs["nodes"] for t in trials} == {"n1", "n2"}  # trials ran on both nodes
+    # Both nodes joined the one Ray cluster. (Trials start on the head while the worker joins: on a
+    # loaded machine a study of short trials can end before the worker's Ray is up to take one.)
+    assert {t.user_attrs["nodes"] for t in trials} <= {"n1", "n2"}
     [job_id] = {t.user_attrs["job_id"] for t in trials}  # all in the one Ray job
+    head_log = (tmp_path / "work" / "jobs" / job_id / f"{job_id}_0_log.out").read_text()
+    assert "ray cluster: 2 of 2 nodes up" in head_log, head_log[-3000:]
     proc = subprocess.run(
         ["sacct", "-X", "-n", "-P", "-o", "JobID,NNodes", "--name", f"hpo-{name}:ray", "-S", "now-1hour"],
         capture_output=True, text=True, check=True,
