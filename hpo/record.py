@@ -423,6 +423,17 @@ def packs(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[str, list[int]]:
     return {job: numbers for job, numbers in jobs.items() if job != "-"}
 
 
+def pack_note(trial: optuna.trial.FrozenTrial, mates: Sequence[int]) -> str:
+    """What ``hpo status`` says of a trial that shared its job's GPU: the trials its per-trial
+    job ran beside it (``mates``), or its place among a --workers job's workers."""
+    if mates:
+        return f"shared its job with {', '.join(map(str, mates))}"
+    slot = trial.user_attrs.get(ATTR_PACK_SLOT)
+    if trial.user_attrs.get(ATTR_EXECUTOR) == "worker" and slot is not None:
+        return f"worker {int(slot) + 1} of {trial.user_attrs.get(ATTR_PACK_SIZE)} sharing its job"
+    return ""
+
+
 def is_own(trial: optuna.trial.FrozenTrial) -> bool:
     return not trial.user_attrs.get(ATTR_SURPLUS) and ATTR_IMPORTED_FROM not in trial.user_attrs
 

@@ -157,7 +157,7 @@ def _status_row(
         f"Pareto front, {spec.study.also_minimize}={t.values[1]:.4g}" if on_front else "",
         f"retry of {t.user_attrs[ATTR_RETRY_OF]}" if ATTR_RETRY_OF in t.user_attrs else "",
         f"requeued {t.user_attrs[record.ATTR_RESTARTS]}x" if record.ATTR_RESTARTS in t.user_attrs else "",
-        f"shared its job with {', '.join(map(str, mates[t.number]))}" if mates.get(t.number) else "",
+        record.pack_note(t, mates.get(t.number, [])),
     ]
     if any(notes):
         detail = f"{detail}  ({', '.join(n for n in notes if n)})"

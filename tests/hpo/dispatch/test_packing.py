@@ -249,3 +249,6 @@ def test_packed_workers_on_slurm_run_two_trials_at_once_in_one_job(
     assert {t.user_attrs["pack_slot"] for t in trials} == {0, 1}
     assert max_overlap(trials) == 2, [(t.datetime_start, t.datetime_complete) for t in trials]
     assert len({tuple(t.params.items()) for t in trials}) == 6  # the two workers sample apart
+    status = run_hpo("status", str(study_file), "--storage", fresh_database)
+    assert "worker 1 of 2 sharing its job" in status.stdout, status.stdout
+    assert "worker 2 of 2 sharing its job" in status.stdout, status.stdout
