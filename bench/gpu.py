@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             scratch=Path(scratch),
             deadline=started + args.budget_s,
             steps=3 if args.rehearse_on_cpu else 60,
-            study_trials=2 if args.rehearse_on_cpu else 6,
-            packed_trials=4,
+            study_trials=1 if args.rehearse_on_cpu else 6,
+            packed_trials=2 if args.rehearse_on_cpu else 4,
         )
         checks: list[Check] = []
         for name, run in CHECKS:
