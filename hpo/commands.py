@@ -226,8 +226,16 @@ def launch(request: Request, spec: StudySpec, storage: StorageRef) -> int:
         run_check(spec, request.check_timeout)
     if request.dry_run or request.check:
         return 0
-    from hpo import launches
+    import gc
 
+    from hpo import launches
+    from hpo.storage import check_reachable
+
+    # Recorded once the storage opens: a launch on one that cannot be (a server down, a typo in
+    # --storage) fails here (exit 3) and leaves the last launch that worked for later commands.
+    # Optuna's storage has no close; collected, it frees its connection before the launcher's own.
+    check_reachable(storage, spec.source)
+    gc.collect()
     launches.record(Path(spec.source), spec.study.name, str(storage), spec.workdir)
     if request.detach:
         return _detach(request, spec, storage)

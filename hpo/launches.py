@@ -5,10 +5,12 @@ A study file's default storage is a journal under its workdir, ``runs/<name>`` r
 folder the command runs in, and ``--storage`` names another: both depend on how the command was
 typed. ``hpo launch`` records what it used, keyed by the study file's absolute path and the study's
 name, in ``$XDG_STATE_HOME/hpo/launches.json`` (``~/.local/state/hpo/launches.json``; mode 600;
-no password is ever in a stored URL). A later command on the same file that names neither a storage
-nor a workdir (``--storage``, ``--set study.storage=...``, ``--set study.workdir=...``, or the file's
-own keys) uses the recorded ones, and says so when they differ from its folder's defaults: a
-relaunch from another folder resumes the study instead of starting a second copy.
+no password is ever in a stored URL), once that storage has opened: a launch on one that cannot be
+(a server down, a mistyped ``--storage``) leaves the last launch that worked in place. A later
+command on the same file that names neither a storage nor a workdir (``--storage``, ``--set
+study.storage=...``, ``--set study.workdir=...``, or the file's own keys) uses the recorded ones,
+and says so when they differ from its folder's defaults: a relaunch from another folder resumes the
+study instead of starting a second copy.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def recorded(study_file: Path, study_name: str) -> dict[str, Any] | None:
 
 
 def record(study_file: Path, study_name: str, storage: str, workdir: Path) -> None:
-    """Remember the storage (no password: the caller's URL has none) and workdir of a launch."""
+    """Remember the storage (no password: the caller's URL has none) and workdir of a launch; called
+    once that storage has opened, so that an entry always names one that worked."""
     with _locked():
         # Entries of study files that no longer exist (a deleted folder) are dropped.
         entries = {k: v for k, v in _read().items() if Path(k.rpartition("#")[0]).exists()}

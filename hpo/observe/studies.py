@@ -2,7 +2,9 @@
 
 `hpo studies --storage URL` lists every study in that storage; without it, every study the user
 launched (``hpo.launches``), in whichever storage each lives. Each line: trials by state, the best
-value, the compute its trials recorded, and whether a launcher holds it now.
+value, the compute its trials recorded, and whether a launcher holds it now. A storage that cannot
+be read (its server down) costs one line on stderr, which and why, and the others are still listed:
+the command fails (exit 3) only when it listed nothing and a storage failed.
 
 `hpo delete STUDY.yaml` removes the study from its storage after checking that nothing of it runs:
 no launcher holds it and Slurm's queue has none of its jobs (``hpo cancel`` stops them first). It
@@ -22,9 +24,9 @@ import optuna
 
 from hpo import launches, record
 from hpo.dispatch.lease import Lease
-from hpo.errors import LaunchError, StudyFileError
+from hpo.errors import LaunchError, NotReadyError, StudyFileError
 from hpo.slurm import accounting, executors
-from hpo.storage import StorageRef, mask, open_storage
+from hpo.storage import StorageRef, driver_line, mask, open_storage
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -41,13 +43,29 @@ def launched_storages() -> list[StorageRef]:
     return list(refs.values())
 
 
-def list_studies(refs: list[StorageRef]) -> list[str]:
-    rows = [("study", "storage", "trials", "best", "compute", "launcher")]
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def list_studies(refs: list[StorageRef], warn: Callable[[str], None] = _to_stderr) -> list[str]:
+    """The table of the studies in ``refs``; each storage that cannot be read is one ``warn`` line
+    (which, why) and the rest are listed. Raises :class:`NotReadyError` when a storage failed and
+    no study was listed."""
+    rows: list[tuple[str, ...]] = [("study", "storage", "trials", "best", "compute", "launcher")]
+    failed: list[str] = []
     for ref in refs:
-        storage = open_storage(ref, create=False, tolerance_s=0)
-        for summary in sorted(optuna.get_all_study_summaries(storage), key=lambda s: s.study_name):
-            study = optuna.load_study(study_name=summary.study_name, storage=storage)
-            rows.append((summary.study_name, mask(str(ref)), *_summary(study, ref)))
+        try:
+            rows += _rows(ref)
+        except Exception as err:  # the drivers raise many types; all mean "cannot read this storage"
+            failed.append(f"cannot read {mask(str(ref))}: {_why(err)}")
+    if failed and len(rows) == 1 and len(refs) == 1:
+        raise NotReadyError(failed[0], _HINT)  # the one storage asked for: its error line alone
+    for line in failed:
+        warn(f"hpo studies: {line}")
+    if failed and len(rows) == 1:
+        raise NotReadyError(
+            f"no study listed: {len(failed)} of {len(refs)} storages could not be read", _HINT
+        )
     if len(rows) == 1:
         where = ", ".join(mask(str(r)) for r in refs) or "no storage: no study launched yet"
         return [f"no study in {where}"]
@@ -56,6 +74,26 @@ def list_studies(refs: list[StorageRef]) -> list[str]:
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
         for row in rows
     ]
+
+
+def _rows(ref: StorageRef) -> list[tuple[str, ...]]:
+    storage = open_storage(ref, create=False, tolerance_s=0)
+    rows: list[tuple[str, ...]] = []
+    for summary in sorted(optuna.get_all_study_summaries(storage), key=lambda s: s.study_name):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        rows.append((summary.study_name, mask(str(ref)), *_summary(study, ref)))
+    return rows
+
+
+def _why(err: BaseException) -> str:
+    """The first line of the cause, under Optuna's wrapper (which blames "invalid data in the
+    commit, e.g. exceeding max length" for a server that does not answer), kept short."""
+    line = driver_line(err)
+    return line if len(line) <= _WHY_CHARS else line[: _WHY_CHARS - 3] + "..."
+
+
+_WHY_CHARS = 200
+_HINT = "start the database server, or name another with --storage URL"
 
 
 def _summary(study: optuna.Study, ref: StorageRef) -> tuple[str, str, str, str]:
