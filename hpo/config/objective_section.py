@@ -37,7 +37,9 @@ class ObjectiveSection:
         "(default: the last report).",
     )
     fixed: dict[str, str | int | float | bool] = field(
-        factory=dict, help="Fixed values of placeholders (not searched), e.g. {epochs: 10}."
+        factory=dict,
+        help="Fixed values of placeholders (not searched), e.g. {epochs: 10}; hpo.trial.params() has them "
+        "too, under the trial's parameters.",
     )
     steps: int = field(1, "The step of a full run's last report (its epochs): the pruners' maximum.", ge=1)
     stop_grace_s: float = field(

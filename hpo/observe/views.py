@@ -390,8 +390,9 @@ def objective_command(spec: StudySpec, best: optuna.trial.FrozenTrial) -> str:
         "OMP_NUM_THREADS": str(best.user_attrs.get(record.ATTR_THREADS, spec.resources.cpus_per_task))
     }
     passed = {name for element in objective.command or [] for name in placeholders(element)}
-    if any(name not in passed for name in best.params):
-        environment[client.ENV_PARAMS] = json.dumps(best.params)
+    given = {**objective.fixed, **best.params}  # what the trial's hpo.trial.params() returned
+    if any(name not in passed for name in given):
+        environment[client.ENV_PARAMS] = json.dumps(given)
         environment[client.ENV_CHECKPOINT_DIR] = str(fresh / "checkpoint")
     environment.update(objective.env)
     return shlex.join(["env", *(f"{name}={value}" for name, value in environment.items()), *argv])

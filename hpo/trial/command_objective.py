@@ -99,7 +99,9 @@ def trial_environment(
         **spec.objective.env,
         client.ENV_KEY: str(trial_key),
         **({client.ENV_NUMBER: str(trial_key)} if isinstance(trial_key, int) else {}),
-        client.ENV_PARAMS: json.dumps(params),
+        # The fixed values too: a script that reads its settings through hpo.trial.params() and
+        # not from its argv would otherwise run on its own defaults. Never stored as parameters.
+        client.ENV_PARAMS: json.dumps({**spec.objective.fixed, **params}),
         client.ENV_CHECKPOINT_DIR: str(checkpoints),
         "HPO_STUDY_NAME": spec.study.name,
     }

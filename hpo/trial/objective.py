@@ -171,7 +171,7 @@ class FunctionObjective:
         trial = client.Trial(
             key=str(trial_key),
             number=trial_key if isinstance(trial_key, int) else None,
-            params=params,
+            params={**spec.objective.fixed, **params},  # as a command's hpo.trial.params() has them
             checkpoint_dir=str(private_dir(checkpoint_dir(spec, trial_key))),
             ask=ask if reporter is not None else None,
         )
