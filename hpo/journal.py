@@ -10,7 +10,9 @@ that hole, under the journal's lock, before every append:
   end was never read by anyone, so nothing readable is lost), with a one-line note;
 - a write that fails (``ENOSPC``, ``EDQUOT``, an I/O error) is undone to the last whole record, and
   raises :class:`JournalWriteError`: one line with the file and the free space, exit 3, and a
-  journal that still opens once space is freed.
+  journal that still opens once space is freed;
+- a journal (or its folder) that permissions refuse, a read-only mount included, is one line too,
+  naming it and the fix, exit 3 (the launcher checks before anything starts: ``hpo.dispatch.preflight``).
 
 A journal damaged by a writer without these guards (an invalid line in the middle) is repaired by
 :func:`repair` the first time the service opens it: the readable record at the end of such a line is
@@ -35,6 +37,7 @@ from typing import Any
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
 from hpo.errors import NotReadyError
+from hpo.paths import NOT_WRITABLE, denied
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,19 @@ _TAIL_CHUNK = 1 << 16
 
 
 class JournalWriteError(NotReadyError):
-    """An append to the journal failed (full disk, quota, I/O error); the journal was left whole."""
+    """An append to the journal failed (full disk, quota, I/O error; or permissions refuse it: see
+    :func:`cannot_write`); the journal was left whole."""
+
+
+WRITABLE_HINT = "make it writable, or name another with --storage or study.storage"
+
+
+def cannot_write(
+    path: str | Path, reason: str, hint: str = WRITABLE_HINT, where: str = ""
+) -> JournalWriteError:
+    """The one line for a journal that permissions keep the service from writing (exit 3): its file
+    or its folder (the lock is a symlink made beside it). ``where``: the study file and key."""
+    return JournalWriteError(f"{where}cannot write the study's journal {path}: {reason}", hint)
 
 
 class SafeJournalBackend(JournalFileBackend):
@@ -63,7 +78,12 @@ class SafeJournalBackend(JournalFileBackend):
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         data = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode()
         with _held(self.lock, self.path):
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+            except OSError as err:
+                if err.errno not in NOT_WRITABLE:
+                    raise
+                raise cannot_write(self.path, denied(err)) from None  # made read-only under the study
             try:
                 whole, kept = _mend_last_line(fd, self.path)
                 try:
@@ -102,6 +122,8 @@ class _held:
 
 
 def _write_error(path: str, err: OSError) -> JournalWriteError:
+    if err.errno in NOT_WRITABLE:  # made read-only under a running study: no space to free
+        return cannot_write(path, denied(err))
     try:
         free = f"{shutil.disk_usage(Path(path).parent).free / 1024:.0f} KiB free there"
     except OSError:

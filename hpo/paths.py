@@ -6,6 +6,7 @@ shared cluster, nobody else may read or replace them.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -55,6 +56,57 @@ def why_not_creatable(path: Path) -> str | None:
         os.rmdir(tempfile.mkdtemp(prefix=".hpo-check-", dir=folder))
     except OSError as err:
         return f"mkdir in {folder} fails: {err.strerror or err}"
+    return None
+
+
+NOT_WRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+"""How a write that permissions refuse fails: a mode or an ACL, or (refusing root too) a read-only
+mount or an immutable file. The machine's state, not a wrong path: exit 3, where a path that cannot
+exist (under /proc, a file in the way) is bad input."""
+
+
+def denied(err: OSError) -> str:
+    """The reason of a refused write as a message reads it: ``read-only file system``."""
+    return (err.strerror or str(err)).lower()
+
+
+def why_not_writable(path: Path) -> tuple[Path, str] | None:
+    """Whether permissions (a mode, a read-only mount, an immutable folder) keep the folder ``path``
+    from being written, or created where it is missing: the folder that refuses (``path`` or its
+    nearest existing one) and why, or None. Other problems are :func:`why_not_creatable`'s. Only
+    a refusal is probed, with a throw-away folder made and removed: ``access`` says no but not why."""
+    folder = path
+    while True:
+        try:
+            mode = os.stat(folder).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            if folder.parent == folder:
+                return None
+            folder = folder.parent
+            continue
+        except PermissionError as err:  # a folder above it that this user may not enter
+            return folder, denied(err)
+        except (OSError, ValueError):
+            return None
+        break
+    if not stat.S_ISDIR(mode) or os.access(folder, os.W_OK | os.X_OK):
+        return None
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".hpo-check-", dir=folder))
+    except OSError as err:
+        return (folder, denied(err)) if err.errno in NOT_WRITABLE else None
+    return None
+
+
+def why_not_writable_file(path: Path) -> str | None:
+    """Why the existing file ``path`` cannot be appended to for want of permission, or None
+    (opened for appending and closed: nothing written)."""
+    if os.access(path, os.W_OK):
+        return None
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+    except OSError as err:
+        return denied(err) if err.errno in NOT_WRITABLE else None
     return None
 
 

@@ -40,8 +40,8 @@ from sqlalchemy.exc import (
 )
 
 from hpo.errors import NotReadyError, StudyFileError, one_line
-from hpo.journal import SafeJournalBackend, repair
-from hpo.paths import private_dir
+from hpo.journal import SafeJournalBackend, cannot_write, repair
+from hpo.paths import NOT_WRITABLE, denied, private_dir
 
 T = TypeVar("T")
 
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     from hpo.config import StudySpec
 
 JOURNAL_PREFIX = "journal:"
+DEFAULT_JOURNAL = "optuna.journal"
+"""The embedded default's file, in the study's workdir."""
 RDB_SCHEMES = ("postgresql", "postgres", "mysql", "sqlite")
 _PASSWORD_ENV = {"postgresql": "PGPASSWORD", "mysql": "MYSQL_PWD"}
 OUTAGE_TOLERANCE_S = 600.0
@@ -82,7 +84,7 @@ def resolve_storage(spec: StudySpec, url: str | None, source: str) -> StorageRef
     A password found in the URL is moved to the environment variable its driver reads.
     """
     if not url:
-        return StorageRef("journal", str(spec.workdir / "optuna.journal"))
+        return StorageRef("journal", str(spec.workdir / DEFAULT_JOURNAL))
     return resolve_url(url, source)
 
 
@@ -207,18 +209,28 @@ def open_storage(
     saying so through ``log``; a view passes 0 to answer at once."""
 
     if ref.kind == "journal":
-        path = Path(ref.target)
-        if create:
-            private_dir(path.parent)
-        elif not path.exists():
-            raise FileNotFoundError(f"journal storage {path} does not exist")
         try:
-            return optuna.storages.JournalStorage(SafeJournalBackend(str(path)))
-        except ValueError:  # an invalid line (JSONDecodeError is one): an older writer's damage
-            if repair(str(path)):  # none left: another process mended it a moment ago
-                log(f"journal {path}: damaged lines mended (each set aside whole in {path}.partial)")
-            return optuna.storages.JournalStorage(SafeJournalBackend(str(path)))
+            return _open_journal(Path(ref.target), create=create, log=log)
+        except OSError as err:
+            # Creating the journal or its folder, or mending it: the launcher's pre-flight check
+            # says so first, naming the study file's key; this is the same line past that check.
+            if err.errno not in NOT_WRITABLE:
+                raise
+            raise cannot_write(ref.target, denied(err)) from None
     return OutageTolerantStorage(_open_rdb(ref, create=create), log, tolerance_s)
+
+
+def _open_journal(path: Path, *, create: bool, log: Callable[[str], None]) -> BaseStorage:
+    if create:
+        private_dir(path.parent)
+    elif not path.exists():
+        raise FileNotFoundError(f"journal storage {path} does not exist")
+    try:
+        return optuna.storages.JournalStorage(SafeJournalBackend(str(path)))
+    except ValueError:  # an invalid line (JSONDecodeError is one): an older writer's damage
+        if repair(str(path)):  # none left: another process mended it a moment ago
+            log(f"journal {path}: damaged lines mended (each set aside whole in {path}.partial)")
+        return optuna.storages.JournalStorage(SafeJournalBackend(str(path)))
 
 
 def _open_rdb(ref: StorageRef, *, create: bool) -> optuna.storages.RDBStorage:

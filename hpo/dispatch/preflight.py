@@ -29,10 +29,10 @@ from hpo.dispatch.ray.cluster import cpus_per_trial, slots_per_node
 from hpo.dispatch.ray.cluster import gpus_per_node as ray_gpus_per_node
 from hpo.dispatch.ray.driver import RAY_PRUNERS
 from hpo.errors import NotReadyError, StudyFileError, one_line, optional_extra
-from hpo.journal import shared_filesystem_warning
-from hpo.paths import why_not_creatable
+from hpo.journal import cannot_write, shared_filesystem_warning
+from hpo.paths import why_not_creatable, why_not_writable, why_not_writable_file
 from hpo.slurm import limits
-from hpo.storage import JOURNAL_PREFIX
+from hpo.storage import DEFAULT_JOURNAL, JOURNAL_PREFIX
 from trainer.config import TrainConfig
 from trainer.errors import ConfigError
 from trainer.sources import check_data_available, dsdir_hint
@@ -113,14 +113,18 @@ def check_sampler_installed(spec: StudySpec) -> None:
 
 
 def check_folders(spec: StudySpec) -> None:
-    """The workdir (and a journal file's folder) must be creatable, before anything is submitted;
-    a dry run checks it too, creating nothing."""
+    """The workdir and a journal (its file, and its folder, where its lock is made) must be
+    writable, or creatable, before anything is submitted; a dry run checks it too, creating
+    nothing. A path that cannot be (under /proc, a file in the way) is bad input; one that a mode,
+    a read-only mount or an immutable file refuses is this machine's state (exit 3)."""
 
     folders = [("study.workdir", spec.workdir)]
+    journal: Path | None = None
+    mode: int | None = None
     if spec.study.storage and spec.study.storage.startswith(JOURNAL_PREFIX):
         journal = Path(spec.study.storage[len(JOURNAL_PREFIX) :])
         try:
-            mode: int | None = journal.stat().st_mode
+            mode = journal.stat().st_mode
         except (OSError, ValueError):
             mode = None  # not there yet (or not reachable: the folder's check says why)
         if mode is not None and not stat.S_ISREG(mode):
@@ -128,9 +132,31 @@ def check_folders(spec: StudySpec) -> None:
         if journal.parent != spec.workdir:
             folders.append(("study.storage", journal.parent))
     for key, folder in folders:
+        refused = why_not_writable(folder)
+        if refused is not None:
+            where, reason = refused
+            why = reason if where == folder else f"{where}: {reason}"
+            if key == "study.workdir":
+                raise NotReadyError(
+                    f"{spec.source}: study.workdir: cannot write the study's workdir {folder}: {why}",
+                    "make it writable, or name another with study.workdir (--set study.workdir=PATH)",
+                )
+            assert journal is not None
+            raise _journal_refused(spec, journal, f"{where}: {reason}")
         problem = why_not_creatable(folder)
         if problem is not None:
             raise StudyFileError(f"{spec.source}: {key}: cannot create {folder}: {problem}")
+    if journal is not None and mode is not None:
+        denial = why_not_writable_file(journal)
+        if denial is not None:
+            raise _journal_refused(spec, journal, denial)
+
+
+def _journal_refused(spec: StudySpec, journal: Path, reason: str) -> NotReadyError:
+    # The default journal lives in the workdir: another workdir moves it too.
+    other = "study.workdir" if journal == spec.workdir / DEFAULT_JOURNAL else "study.storage"
+    hint = f"make it writable, or name another with --storage or {other}"
+    return cannot_write(journal, reason, hint, where=f"{spec.source}: study.storage: ")
 
 
 def check_ray_settings(spec: StudySpec) -> None:
