@@ -16,6 +16,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
+REASON_DIVERGED = "diverged at step"
+"""The first words of a diverged trial's reason (``hpo.record.tell_diverged``)."""
+
 USAGE = "usage"
 NOT_FOUND = "not found"
 NO_METRIC = "no metric"
@@ -24,6 +27,9 @@ OTHER = "other"
 CLUSTER = "cluster"
 """A job the cluster ended (node lost, preemption, time limit, scancel) or a signal: never the
 study's set-up."""
+DIVERGED = "diverged"
+"""The run's numbers turned NaN or infinite (the service's "diverged at step N", or the program's
+own "loss is nan"): the parameters' doing, so never retried with them and never the set-up's."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +42,21 @@ class Failure:
 
     @property
     def permanent(self) -> bool:
+        """No rerun with the same parameters changes it: not retried."""
         return self.kind not in (OTHER, CLUSTER)
+
+    @property
+    def may_be_set_up(self) -> bool:
+        """It may come from the study's set-up rather than its parameters (fail fast counts it)."""
+        return self.kind not in (CLUSTER, DIVERGED)
+
+    @property
+    def may_depend_on_parameters(self) -> bool:
+        """The same failure may come from some parameters only (a script that exits without its
+        metric line, or crashes, for some of them): fail fast then asks that the failed trials
+        spread over the space (``hpo.budget.failing``). A usage error, a missing file or code that
+        does not import fails whatever the parameters."""
+        return self.kind in (NO_METRIC, OTHER)
 
 
 _COMMAND_EXIT = re.compile(r"^the command exited with status (?P<status>-?\d+)(?::\s*(?P<line>.*))?$")
@@ -62,6 +82,13 @@ _PROGRAM_LINE = re.compile(
 _CLUSTER_STATES = re.compile(
     r"^job \S+ (NODE_FAIL|PREEMPTED|BOOT_FAIL|CANCELLED|TIMEOUT|DEADLINE|REQUEUED|UNKNOWN|OUT_OF_MEMORY)\b"
 )
+# A program's own words for a run whose numbers blew up: "loss is nan", "Loss is inf",
+# "returned nan values", "diverged", "non-finite loss".
+_DIVERGED_LINE = re.compile(
+    r"(\bis (nan|inf|infinite|not finite)\b|\b(nan|inf) (loss|values?|gradients?|encountered|detected)\b"
+    r"|\bdiverg|\bnon-?finite\b)",
+    re.IGNORECASE,
+)
 _NUMBER = re.compile(r"\d+(\.\d+)?([eE][-+]?\d+)?")
 
 
@@ -69,6 +96,8 @@ def classify(reason: str) -> Failure:
     """The kind and signature of a trial's fail reason (see the module docstring)."""
     reason = reason.strip()
     signature = _NUMBER.sub("#", reason)
+    if reason.startswith(REASON_DIVERGED):
+        return Failure(DIVERGED, "diverged")
     if reason.startswith("no metric reported"):
         return Failure(NO_METRIC, "no metric reported")  # its last line varies with the run
     if reason.startswith("cannot run "):
@@ -94,6 +123,8 @@ def classify(reason: str) -> Failure:
         return Failure(NOT_FOUND, signature)
     if _PROGRAM_LINE.search(line):
         return Failure(PROGRAM, signature)
+    if _DIVERGED_LINE.search(line):
+        return Failure(DIVERGED, signature)
     return Failure(OTHER, signature)
 
 

@@ -28,6 +28,7 @@ as infeasible. The samplers learn from it (TPE ranks infeasible trials below fea
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -74,6 +75,8 @@ ATTR_RESUMED_FROM_EPOCH = "resumed_from_epoch"
 ATTR_FAIL_REASON = "fail_reason"
 ATTR_INFEASIBLE = "infeasible"
 """Set on a trial that ran out of memory (see tell_infeasible)."""
+ATTR_DIVERGED_AT = "diverged_at_step"
+"""The step at which a diverged trial's metric turned NaN or infinite (see tell_diverged)."""
 ATTR_SURPLUS = "surplus"
 """Set on a trial asked beyond the budget (two workers asking for the last slot) and closed unrun."""
 ATTR_NOT_RUN = "not_run"
@@ -139,6 +142,7 @@ CONSTRAINT_MEMORY = "out_of_memory"
 REASON_CANCELLED = "cancelled by hpo cancel"
 REASON_NO_PROGRESS = "no epoch finished between requeues"
 REASON_STOPPED_FAILING = "stopped with the launch: its first trials failed the same way"
+REASON_DIVERGED = failures.REASON_DIVERGED
 
 # Failures that a retry cannot help: the user stopped the study; the job's time limit is too
 # short.
@@ -163,6 +167,11 @@ def trial_id(trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
 def read_trial(study: optuna.Study, trial_id: int) -> optuna.trial.FrozenTrial:
     """A trial as stored now, read through the study's own connection pool."""
     return study._storage.get_trial(trial_id)
+
+
+def trial_by_number(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
+    """One trial of the study as stored now, by its number."""
+    return study._storage.get_trial(_ids(study, number)[1])
 
 
 def attach(study: optuna.Study, trial_number: int) -> optuna.Trial | None:
@@ -297,6 +306,36 @@ def tell_infeasible(
     study.tell(number, [worst_value(direction) for direction in directions])
 
 
+DIVERGED_STATE = optuna.trial.TrialState.PRUNED
+"""How a diverged trial is told. PRUNED, with its finite values as intermediate values: TPE ranks
+pruned trials below every completed one (by the last step they reached), so it learns the region
+is bad, where a FAIL trial is ignored by every Optuna sampler; the median pruner compares with
+completed trials only; no pruned trial is retried or ever the best. Measured against FAIL and a
+worst-value COMPLETE in bench/replay_divergence.py (docs/benchmarks-explained.md)."""
+
+
+def tell_diverged(
+    study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial | int, reason: str, step: int
+) -> None:
+    """Tell a trial whose metric turned non-finite at ``step``: a visible state with its reason
+    ("diverged at step N: metric=nan"), never a value."""
+
+    number, found = _ids(study, trial)
+    study._storage.set_trial_user_attr(found, ATTR_FAIL_REASON, reason)
+    study._storage.set_trial_user_attr(found, ATTR_DIVERGED_AT, step)
+    study.tell(number, state=DIVERGED_STATE)
+
+
+def is_diverged(trial: optuna.trial.FrozenTrial) -> bool:
+    return ATTR_DIVERGED_AT in trial.user_attrs
+
+
+def shown_state(trial: optuna.trial.FrozenTrial) -> str:
+    """The trial's state as ``hpo status``, the progress line and the report count it: Optuna's,
+    or DIVERGED (a non-finite metric), which Optuna stores as DIVERGED_STATE."""
+    return "DIVERGED" if is_diverged(trial) else trial.state.name
+
+
 def retry_history(trial: optuna.trial.FrozenTrial) -> list[int]:
     return list(trial.system_attrs.get(SYSTEM_ATTR_RETRY_HISTORY, []))
 
@@ -306,6 +345,7 @@ def queue_retries(study: optuna.Study, max_retries: int) -> list[int]:
     numbers of the trials retried."""
 
     trials = study.get_trials(deepcopy=False)
+    _close_hopeless_retries(study, trials)
     already = retried_numbers(trials)
     cancelled_at = study_record.cancel_requested_at(study)
     retried = []
@@ -347,6 +387,29 @@ def queue_retries(study: optuna.Study, max_retries: int) -> list[int]:
     return retried
 
 
+def _close_hopeless_retries(study: optuna.Study, trials: Sequence[optuna.trial.FrozenTrial]) -> None:
+    """Close the queued retries of failures that no rerun changes (a retry queued before its
+    failure was known as such, by an earlier launch): a relaunch does not run them first."""
+    reasons = {t.number: str(t.user_attrs.get(ATTR_FAIL_REASON, "")) for t in trials}
+    for trial in trials:
+        history = retry_history(trial)
+        if trial.state != optuna.trial.TrialState.WAITING or not history:
+            continue
+        reason = reasons.get(history[-1], "")
+        if reason and failures.classify(reason).permanent:
+            # Optuna tells no WAITING trial: its state is set in the storage, unless a launcher
+            # took it meanwhile (then it runs: a harmless rerun).
+            storage, found = study._storage, trial_id(trial)
+            if storage.get_trial(found).state != optuna.trial.TrialState.WAITING:
+                continue
+            storage.set_trial_user_attr(found, ATTR_NOT_RUN, True)
+            storage.set_trial_user_attr(
+                found, ATTR_FAIL_REASON, f"not run: retry of trial {history[-1]}, which no rerun changes"
+            )
+            with contextlib.suppress(RuntimeError, ValueError):
+                storage.set_trial_state_values(found, optuna.trial.TrialState.FAIL)
+
+
 # --------------------------------------------------------------------------------------------------
 # Reading: the budget, the curve, the best trial
 # --------------------------------------------------------------------------------------------------
@@ -356,7 +419,8 @@ def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The trials that use up the budget: all of them, except surplus ones closed unrun, imported
     ones, and failed ones whose retry (queued or run) takes their place."""
     trials = study.get_trials(deepcopy=False)
-    retried = retried_numbers(trials)
+    # A retry closed unrun leaves the trial it retried in the count.
+    retried = retried_numbers([t for t in trials if not t.user_attrs.get(ATTR_NOT_RUN)])
     set_up = set(study_record.set_up_failures(study))
     return [
         t

@@ -3,11 +3,14 @@ mistake in the set-up (a flag the script does not know, a metric pattern that ne
 module missing on the nodes). On a cluster each of those trials is a job that waited in the queue.
 
 The rule reads the trials a launch saw end, in order. Once one of them succeeded (complete or
-pruned), failures are the trials' own and the study goes on as before. Until then, the launch
-stops when one failure (``hpo.failures``: the reason with its numbers blanked) has ended trials of
-``PERMANENT_REPEATS`` different parameter sets if no rerun can change it, or of ``OTHER_REPEATS``
-if it might be transient (a retry repeats its trial's parameters: it does not count twice).
-Trials a cluster fault ended (a node lost, a preemption) never count.
+pruned), or any trial of the study ever did, failures are the trials' own and the study goes on.
+Until then, the launch stops when one failure (``hpo.failures``: the reason with its numbers
+blanked) has ended trials of ``PERMANENT_REPEATS`` different parameter sets if no rerun can change
+it, or of ``OTHER_REPEATS`` if it might be transient (a retry repeats its trial's parameters: it
+does not count twice). A failure that may come from some parameters only (no metric line, a
+crash) counts only while its trials spread over the space (``confined``). Never counted: trials a
+cluster fault ended (a node lost, a preemption), trials that diverged or ran out of memory, and
+trials that failed after they reported (the set-up worked for them).
 
 A stopped launch exits non-zero with the failure and what to change. The trials it stopped on are
 kept (FAIL, with their reasons) but leave the trial budget whole: the launch after the fix has
@@ -17,6 +20,7 @@ every trial of ``n_trials`` to run.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -51,29 +55,73 @@ class Verdict:
         )
 
 
-def check(ended: Sequence[optuna.trial.FrozenTrial]) -> Verdict | None:
-    """The verdict on the trials a launch saw end (in order), or None to go on."""
+def check(ended: Sequence[optuna.trial.FrozenTrial], study: optuna.Study | None = None) -> Verdict | None:
+    """The verdict on the trials a launch saw end (in order), or None to go on. With ``study``,
+    a study that has ever had a success (an earlier launch's included) is never stopped."""
+    if study is not None and any(_succeeded(t) for t in record.own_trials(study)):
+        return None
     groups: dict[str, list[optuna.trial.FrozenTrial]] = {}
     for trial in ended:
-        if trial.state == optuna.trial.TrialState.PRUNED:
+        if _succeeded(trial):
             return None
-        if trial.state == optuna.trial.TrialState.COMPLETE:
-            if trial.user_attrs.get(record.ATTR_INFEASIBLE):
-                continue  # out of memory: the parameters' fault, neither a success nor a set-up error
-            return None
-        reason = str(trial.user_attrs.get(record.ATTR_FAIL_REASON, ""))
         if trial.state != optuna.trial.TrialState.FAIL or not record.ran_and_failed(trial):
-            continue
+            continue  # out of memory, diverged, cancelled, closed unrun: not the set-up's
+        if record.curve(trial):
+            continue  # it reported before it failed: the set-up worked, the failure is its own
+        reason = str(trial.user_attrs.get(record.ATTR_FAIL_REASON, ""))
         failure = failures.classify(reason)
-        if failure.kind == failures.CLUSTER:
+        if not failure.may_be_set_up:
             continue
         same = groups.setdefault(failure.signature, [])
         same.append(trial)
         parameter_sets = {tuple(sorted((k, repr(v)) for k, v in t.params.items())) for t in same}
         needed = PERMANENT_REPEATS if failure.permanent else OTHER_REPEATS
-        if len(parameter_sets) >= needed:
-            return Verdict(failure, [t.number for t in same], reason)
+        if len(parameter_sets) < needed:
+            continue
+        if failure.may_depend_on_parameters and confined(same):
+            continue  # e.g. all above some learning rate: the parameters' doing, as far as can be told
+        return Verdict(failure, [t.number for t in same], reason)
     return None
+
+
+CONFINED_SHARE = 1 / 3
+"""A dimension confines failures whose values all lie in its lowest or its highest third (on the
+log scale where the space is): three trials of a set-up mistake land so in one dimension with
+probability 2/27, failures that only some parameters cause (an lr above some value) always."""
+
+
+def confined(trials: Sequence[optuna.trial.FrozenTrial]) -> bool:
+    """The failed trials' parameters all lie at one end of some numeric dimension of the space."""
+    for name, distribution in trials[-1].distributions.items():
+        if not isinstance(
+            distribution, optuna.distributions.FloatDistribution | optuna.distributions.IntDistribution
+        ):
+            continue
+        if distribution.high <= distribution.low or any(name not in t.params for t in trials):
+            continue
+        positions = [_position(float(t.params[name]), distribution) for t in trials]
+        if max(positions) < CONFINED_SHARE or min(positions) > 1 - CONFINED_SHARE:
+            return True
+    return False
+
+
+def _position(
+    value: float, distribution: optuna.distributions.FloatDistribution | optuna.distributions.IntDistribution
+) -> float:
+    """Where ``value`` lies in the distribution's range, 0 to 1 (log-scaled for a log range)."""
+    low, high = float(distribution.low), float(distribution.high)
+    if distribution.log:
+        value, low, high = math.log(value), math.log(low), math.log(high)
+    return (value - low) / (high - low)
+
+
+def _succeeded(trial: optuna.trial.FrozenTrial) -> bool:
+    """Completed with a feasible value, or pruned (not diverged): the set-up works."""
+    if trial.state == optuna.trial.TrialState.PRUNED:
+        return not record.is_diverged(trial)
+    return trial.state == optuna.trial.TrialState.COMPLETE and not trial.user_attrs.get(
+        record.ATTR_INFEASIBLE
+    )
 
 
 def suspect(ended: Sequence[optuna.trial.FrozenTrial]) -> bool:
@@ -81,17 +129,15 @@ def suspect(ended: Sequence[optuna.trial.FrozenTrial]) -> bool:
     next trial of another parameter set decides. The launcher then waits for the trials in flight
     before it submits more, so that a set-up error costs 2 trials, not 2 plus those submitted
     meanwhile."""
-    if any(
-        t.state == optuna.trial.TrialState.PRUNED
-        or (t.state == optuna.trial.TrialState.COMPLETE and not t.user_attrs.get(record.ATTR_INFEASIBLE))
-        for t in ended
-    ):
+    if any(_succeeded(t) for t in ended):
         return False
-    return any(
-        record.ran_and_failed(t)
-        and failures.classify(str(t.user_attrs.get(record.ATTR_FAIL_REASON, ""))).permanent
-        for t in ended
-    )
+    for trial in ended:
+        if not record.ran_and_failed(trial) or record.curve(trial):
+            continue
+        failure = failures.classify(str(trial.user_attrs.get(record.ATTR_FAIL_REASON, "")))
+        if failure.permanent and failure.may_be_set_up:
+            return True
+    return False
 
 
 def end(study: optuna.Study, spec: StudySpec, verdict: Verdict, cut_short: Sequence[int] = ()) -> str:

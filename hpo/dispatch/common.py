@@ -349,6 +349,9 @@ class Dispatcher:
             last = record.steps_mismatch(trial, self.spec)
             if last is not None:
                 self.log(f"warning: {steps_warning(self.spec, trial.number, last)}")
+        elif record.is_diverged(trial):
+            reason = trial.user_attrs.get(record.ATTR_FAIL_REASON, "")
+            self.log(f"trial {trial.number} DIVERGED: {reason} (not retried: its parameters diverge)")
         elif state == "PRUNED":
             step = max(trial.intermediate_values) if trial.intermediate_values else 0
             value = record.metric_value(trial)

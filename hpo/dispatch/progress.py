@@ -96,9 +96,11 @@ class Progress:
 
     def line(self, trials: list[optuna.trial.FrozenTrial] | None = None) -> str:
         trials = self._trials() if trials is None else trials
-        counts = Counter(t.state.name for t in trials)
+        counts = Counter(record.shown_state(t) for t in trials)
         done = sum(n for state, n in counts.items() if state not in ("RUNNING", "WAITING"))
-        by_state = ", ".join(f"{counts[s]} {s}" for s in ("COMPLETE", "PRUNED", "FAIL") if counts[s])
+        by_state = ", ".join(
+            f"{counts[s]} {s}" for s in ("COMPLETE", "PRUNED", "DIVERGED", "FAIL") if counts[s]
+        )
         parts = [
             f"progress: {done}/{self.spec.study.n_trials} done" + (f" ({by_state})" if by_state else ""),
             f"{counts['RUNNING']} running",

@@ -165,7 +165,7 @@ def _learning_curves_plotly(spec: StudySpec, trials: list[optuna.trial.FrozenTri
                 x=steps,
                 y=values,
                 mode="lines+markers",
-                name=f"trial {t.number} ({t.state.name})",
+                name=f"trial {t.number} ({record.shown_state(t)})",
                 line={"color": color, "dash": "dot" if pruned else "solid"},
                 marker={"symbol": ["circle"] * (len(steps) - 1) + ["x" if pruned else "circle"], "size": 8},
             )
@@ -303,7 +303,7 @@ def _write_summary(
         "direction": spec.study.direction,
         "n_trials": spec.study.n_trials,
         "trials": len(trials),
-        "states": dict(Counter(t.state.name for t in trials)),
+        "states": dict(Counter(record.shown_state(t) for t in trials)),
         "best": best,
         "objectives": dict(zip(search.objective_names(spec), search.directions(spec), strict=True)),
         "pareto_front": [
@@ -345,7 +345,7 @@ def _html_page(
     best_lines: list[str],
     plots: dict[str, Plot],
 ) -> str:
-    counts = Counter(t.state.name for t in trials)
+    counts = Counter(record.shown_state(t) for t in trials)
     sections = []
     plotly_included = False
     with _quiet_experimental():

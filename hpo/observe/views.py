@@ -85,7 +85,7 @@ def _unreachable(spec: StudySpec, ref: StorageRef, err: BaseException) -> NotRea
 def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCost | None = None) -> list[str]:
     """The status table; ``cost`` when the caller already has it (one sacct call, not two)."""
     trials = record.own_trials(study)
-    counts = Counter(t.state.name for t in trials)
+    counts = Counter(record.shown_state(t) for t in trials)
     # The budget's count: retried failures and trials never submitted are shown, not counted.
     counted = len(record.counted_trials(study))
     imported = record.imported_count(study)
@@ -150,8 +150,8 @@ def _status_row(
         elapsed = t.duration.total_seconds()
     detail = record.format_params(t.params)
     reason = t.user_attrs.get(record.ATTR_FAIL_REASON)
-    infeasible = bool(t.user_attrs.get(record.ATTR_INFEASIBLE))
-    if reason and (t.state.name == "FAIL" or infeasible):
+    state = "INFEASIBLE" if t.user_attrs.get(record.ATTR_INFEASIBLE) else record.shown_state(t)
+    if reason and state in ("FAIL", "INFEASIBLE", "DIVERGED"):
         detail = f"{detail}  [{reason}]"
     notes = [
         f"Pareto front, {spec.study.also_minimize}={t.values[1]:.4g}" if on_front else "",
@@ -163,7 +163,7 @@ def _status_row(
         detail = f"{detail}  ({', '.join(n for n in notes if n)})"
     return (
         str(t.number),
-        "INFEASIBLE" if infeasible else t.state.name,
+        state,
         str(max(record.curve(t), default=0)),
         "-" if value is None else f"{value:.4f}",
         *(_last_of(t, name) for name in others),

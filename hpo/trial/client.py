@@ -17,6 +17,7 @@ back.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import socket
 import stat
@@ -75,10 +76,36 @@ class Trial:
 
         Under ``torch.distributed`` call it on every rank: rank 0 reports, and the decision is
         the same on every rank when it returns."""
+        # Checked run by hand too: a script that passes a wrong value fails the same way in a study.
+        step, number = _as_step(step), _as_number("value", value)
+        others = {name: _as_number(name, other) for name, other in metrics.items()}
         stop = False
         if _rank() == 0 and self._ask is not None:
-            stop = self._ask(int(step), float(value), {k: float(v) for k, v in metrics.items()})
+            stop = self._ask(step, number, others)
         return share_decision(stop)
+
+
+def _as_number(name: str, value: Any) -> float:
+    """A reported number (a float, an int, a 0-d NumPy or torch value); NaN and infinity pass: the
+    study ends the trial as diverged on them."""
+    try:
+        if isinstance(value, str | bytes | bool):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"hpo.trial.report: {name} must be a number, got {value!r}") from None
+
+
+def _as_step(step: Any) -> int:
+    """A step: an integer (a NumPy or torch integer, or a float such as 3.0, too)."""
+    try:
+        if isinstance(step, bool):
+            raise TypeError
+        return operator.index(step)
+    except TypeError:
+        if isinstance(step, float) and step.is_integer():
+            return int(step)
+        raise TypeError(f"hpo.trial.report: step must be an integer, got {step!r}") from None
 
 
 def share_decision(stop: bool) -> bool:

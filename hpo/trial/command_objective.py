@@ -53,9 +53,14 @@ STOP_FILE = "stop"
 WAIT_FOR_SLURM_KILL_S = 300.0
 """How long a job whose command Slurm terminated waits for its own end (requeue or cancel)."""
 
+OWN_SIGNAL_GRACE_S = 0.5
+"""How long a rank whose command died of a signal it did not send waits for a SIGTERM of its own
+before asking Slurm whether the job is ending: a command killed alone (the kernel's out-of-memory
+killer, a user's kill -9) fails its trial within this and one scontrol call."""
+
 WAIT_FOR_OWN_SIGNAL_S = 30.0
-"""How long a rank whose command died of a signal it did not send waits for Slurm's SIGTERM to
-reach it too (Slurm signals the step's processes one after another), before calling it a failure."""
+"""How long it waits when Slurm says the job is ending (Slurm signals the step's processes one
+after another, its SIGTERM may reach this rank after the command died of it)."""
 
 DRAIN_S = 5.0
 """After the command ends, how long its output may still take to arrive."""
@@ -240,7 +245,9 @@ class _Command:
     def _signalled(self, signum: int) -> None:
         """The command died of a signal this process did not send."""
         name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
-        if self._terminated.wait(WAIT_FOR_OWN_SIGNAL_S):
+        if self._terminated.wait(OWN_SIGNAL_GRACE_S) or (
+            _slurm_job_ending() and self._terminated.wait(WAIT_FOR_OWN_SIGNAL_S)
+        ):
             # Slurm is ending the job (scancel, scontrol requeue, preemption): the trial stays
             # RUNNING for the requeued job, or for the launcher to fail from Slurm's state.
             log.info(f"the command ended by {name} with its job; waiting for Slurm to end this job")
@@ -304,7 +311,7 @@ class _Command:
                     message = json.loads(line)
                     step, value = int(message["step"]), float(message["value"])
                     metrics = dict(message.get("metrics") or {})
-                    self.events.put(("report", (step, value if math.isfinite(value) else None, metrics)))
+                    self.events.put(("report", (step, value, metrics)))
                 except (ValueError, KeyError, TypeError):
                     print(
                         f"hpo.trial: ignored a malformed report {line.strip()!r}", file=sys.stderr, flush=True
@@ -336,6 +343,11 @@ class _Reports:
         """When a ``hpo.trial`` script was told to stop (it stops itself, within the grace)."""
         self.metrics: dict[str, dict[str, float]] = {}
         """The other metrics reported (hpo.record.ATTR_METRICS)."""
+        self.steps: dict[int, float] = {}
+        """The value each step was reported with in this run (a repeated step's later one is not
+        the study's: Optuna keeps the first)."""
+        self.warned: set[str] = set()
+        """The warnings this trial's log has had (each once)."""
 
     def on_line(self, line: str) -> bool:
         """A line of the command's output; True when the study prunes the trial on it."""
@@ -347,6 +359,11 @@ class _Reports:
         step = _step(found, self.stored_steps + self.count + 1)
         if value is None or step is None:
             return False
+        if len(self.pattern.findall(line)) > 1:
+            self._warn(
+                "matches",
+                f"objective.metric_pattern matched this line more than once; the first match counts: {line.strip()[:200]!r}",
+            )
         self._keep(step, {k: v for k, v in found.groupdict().items() if k not in ("value", "step")})
         return self._decide(step, value)
 
@@ -379,11 +396,24 @@ class _Reports:
 
     def _decide(self, step: int, value: float) -> bool:
         assert self.reporter is not None
+        if step in self.steps:
+            self._warn(
+                "steps",
+                f"step {step} was reported again ({self.steps[step]:.6g}, then {value:.6g}); the study keeps the first value",
+            )
+        else:
+            self.steps[step] = value
         self.count, self.last = self.count + 1, value
         stop = _decide(self.reporter, self.spec, step, value) == Decision.STOP
         if stop:
             self.stop_file.touch()  # the other ranks stop too
         return stop
+
+    def _warn(self, kind: str, text: str) -> None:
+        """One line in the trial's log, the first time only: a report the study does not take."""
+        if kind not in self.warned:
+            self.warned.add(kind)
+            print(f"hpo: warning: {text}", flush=True)
 
     def _keep(self, step: int, metrics: dict[str, Any]) -> None:
         for name, raw in metrics.items():
@@ -407,11 +437,12 @@ def _decide(reporter: StepReporter, spec: StudySpec, step: int, value: float) ->
 
 
 def _number(text: str | None) -> float | None:
+    """The number a matched value reads as (nan and inf included: the study sees a divergence),
+    or None for text that is not one."""
     try:
-        value = float(text or "")
+        return float(text or "")
     except ValueError:
         return None
-    return value if math.isfinite(value) else None
 
 
 def _step(found: re.Match[str], counted: int) -> int | None:
@@ -422,6 +453,25 @@ def _step(found: re.Match[str], counted: int) -> int | None:
         return int(found.group("step") or "")
     except ValueError:
         return None
+
+
+def _slurm_job_ending() -> bool:
+    """Whether Slurm is ending this job (cancelled, requeued, preempted, at its time limit): its
+    state is no longer RUNNING. Not in a Slurm job: False. Slurm unreachable: True (the caller
+    then waits for Slurm's signal as it would for an ending job)."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or "SLURM_JOB_ID" not in os.environ:
+        return False
+    try:
+        shown = subprocess.run(
+            ["scontrol", "show", "job", "--oneliner", os.environ["SLURM_JOB_ID"]],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    state = re.search(r"\bJobState=(\S+)", shown.stdout)
+    return state is None or state.group(1) != "RUNNING"
 
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h

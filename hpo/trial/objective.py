@@ -45,6 +45,24 @@ class ObjectiveFailed(RuntimeError):
     """The user's objective failed; the message is the trial's fail reason (one line)."""
 
 
+class TrialDiverged(ObjectiveFailed):
+    """The trial's metric (or the trainer's training loss) turned NaN or infinite: a value the
+    study cannot rank. The trial ends as diverged (``hpo.record.tell_diverged``) with the finite
+    values it reported before as its curve; no rerun with its parameters changes it."""
+
+    def __init__(self, step: int, name: str, value: float | str) -> None:
+        # "diverged at step 3: val_loss=nan", or the program's own words when it stopped itself.
+        super().__init__(f"{record.REASON_DIVERGED} {step}: " + (f"{name}={value}" if name else str(value)))
+        self.step = step
+
+
+def check_finite(step: int, values: dict[str, float]) -> None:
+    """Raise :class:`TrialDiverged` for the first non-finite value of a report."""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise TrialDiverged(step, name, value)
+
+
 @dataclasses.dataclass
 class StepReport:
     """One report of the user's objective: its step (an epoch) and its metric, read like the

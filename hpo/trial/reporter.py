@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hpo import record
+from hpo.trial.objective import TrialDiverged, check_finite
 from trainer.reporting import Decision, EpochMetrics
 
 if TYPE_CHECKING:
@@ -41,6 +42,9 @@ class OptunaReporter:
         self.abort = ""
         """Set (to the reason) when the trial must end at its next report: a signal handler's
         exception can be swallowed by the code it interrupts (an import's broad except)."""
+        self.diverged: TrialDiverged | None = None
+        """Set at the first non-finite report: the run is told to stop, and the trial ends as
+        diverged however the objective then ends (``hpo.trial.task``)."""
 
     def report(self, metrics: EpochMetrics | StepReport) -> Decision:
         # A database restart mid-trial costs a wait, not the trial (a repeated report of the same
@@ -48,6 +52,20 @@ class OptunaReporter:
         if self.abort:
             raise TrialAborted(self.abort)
         value = float(getattr(metrics, self.metric))
+        # A non-finite metric ends the trial as diverged (its finite curve kept); so does the
+        # trainer's training loss, which turns NaN while an accuracy still reads as a number.
+        # Told as STOP, so that every rank of a DDP run (and a user's script told through
+        # hpo.trial) stops at this step as it would when pruned.
+        train_loss = getattr(metrics, "train_loss", None) if self.metric != "train_loss" else None
+        try:
+            check_finite(
+                metrics.epoch,
+                {self.metric: value, **({"train_loss": float(train_loss)} if train_loss is not None else {})},
+            )
+        except TrialDiverged as diverged:
+            self.diverged = self.diverged or diverged
+        if self.diverged is not None:
+            return Decision.STOP
         if metrics.epoch >= self.last_epoch:
             self.last_value = value
         self.last_epoch = max(self.last_epoch, metrics.epoch)

@@ -50,3 +50,17 @@ def is_out_of_memory(err: BaseException) -> bool:
     text = str(err).lower()
     markers = ("out of memory", "can't allocate memory", "not enough memory")
     return isinstance(err, RuntimeError) and any(marker in text for marker in markers)
+
+
+KILLED = "killed by SIGKILL"
+
+
+def killed_again(study: optuna.Study, trial: optuna.Trial, reason: str) -> bool:
+    """A retry whose command was killed by SIGKILL as the trial it retries was: with the same
+    parameters, twice, most likely the kernel's out-of-memory killer. Told infeasible like an
+    out-of-memory error, so that it is not retried a third time and the sampler learns."""
+    failed = trial.user_attrs.get(record.ATTR_RETRY_OF)
+    if KILLED not in reason or failed is None:
+        return False
+    earlier = record.trial_by_number(study, int(failed))
+    return KILLED in str(earlier.user_attrs.get(record.ATTR_FAIL_REASON, ""))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import socket
 import subprocess
@@ -22,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 import optuna
 import submitit
 
-from hpo import joblog, record, search
+from hpo import failures, joblog, record, search
 from hpo.errors import one_line
 from hpo.slurm import accounting
 from hpo.storage import StorageRef, open_storage, with_retries
 from hpo.trial import packing, retries
 from hpo.trial.command_objective import CommandObjective
-from hpo.trial.objective import FunctionObjective, Objective, ObjectiveFailed, TrainerObjective
+from hpo.trial.objective import FunctionObjective, Objective, ObjectiveFailed, TrainerObjective, TrialDiverged
 from hpo.trial.reporter import OptunaReporter
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ def run_attached(
         },
     )
     log.info(f"rank 0 reporting to study {spec.study.name!r}, trial {trial.number}: {trial.params}")
+    reporter: OptunaReporter | None = None
     try:
         reporter = OptunaReporter(trial, spec.study.metric, multi_objective=bool(spec.study.also_minimize))
         reporter.abort = _RUN.stop_reason  # a requeue signal may have come already
@@ -155,17 +157,16 @@ def run_attached(
             # the requeued job resumes it from its last checkpoint.
             log.info(f"trial {trial.number} requeued; it resumes from its last checkpoint")
             raise
-        # The user's objective says in its own words why it failed: no exception name before them.
-        reason = _RUN.stop_reason or one_line(err, name=not isinstance(err, ObjectiveFailed))
-        if retries.is_out_of_memory(err):
-            _finish_attrs(spec, trial, started, {})
-            record.tell_infeasible(study, trial, reason, search.directions(spec))
-            log.info(f"trial {trial.number} infeasible (out of memory): {reason}")
-            return {"rank": 0, "state": "INFEASIBLE", "value": record.worst_value(spec.study.direction)}
-        _finish_attrs(spec, trial, started, {record.ATTR_FAIL_REASON: reason})
-        _tell(study, trial, state=optuna.trial.TrialState.FAIL)
-        log.info(f"trial {trial.number} FAIL: {reason}")
-        raise
+        told = _tell_failure(spec, study, trial, started, err, reporter)
+        if told is None:
+            raise
+        return told
+    diverged = reporter.diverged
+    if diverged is None and not result.pruned and not math.isfinite(result.value):
+        # A final value (final_pattern, a function's return) that is not a number.
+        diverged = TrialDiverged(reporter.last_epoch + 1, spec.study.metric, result.value)
+    if diverged is not None:
+        return _tell_diverged(spec, study, trial, started, result.attrs, diverged)
     attrs = _finish_attrs(spec, trial, started, result.attrs)
     if result.pruned:
         _tell(study, trial, state=optuna.trial.TrialState.PRUNED)
@@ -176,6 +177,55 @@ def run_attached(
         state = "COMPLETE"
     log.info(f"trial {trial.number} {state}: {spec.study.metric}={result.value:.4f}")
     return {"rank": 0, "state": state, "value": result.value}
+
+
+def _tell_failure(
+    spec: StudySpec,
+    study: optuna.Study,
+    trial: optuna.Trial,
+    started: float,
+    err: BaseException,
+    reporter: OptunaReporter | None,
+) -> dict[str, Any] | None:
+    """Tell how the objective's error ended the trial: diverged, infeasible (out of memory, or its
+    command SIGKILLed twice with these parameters), else failed (None: the caller re-raises)."""
+    diverged = err if isinstance(err, TrialDiverged) else reporter.diverged if reporter else None
+    if diverged is not None:
+        return _tell_diverged(spec, study, trial, started, {}, diverged)
+    # The user's objective says in its own words why it failed: no exception name before them.
+    reason = _RUN.stop_reason or one_line(err, name=not isinstance(err, ObjectiveFailed))
+    if failures.classify(reason).kind == failures.DIVERGED and reporter is not None:
+        # The program's own "loss is nan": diverged, as if it had reported the NaN.
+        step = reporter.last_epoch + 1
+        return _tell_diverged(spec, study, trial, started, {}, TrialDiverged(step, "", reason))
+    killed_twice = retries.killed_again(study, trial, reason)
+    if killed_twice:
+        reason = f"{reason} (twice with these parameters: out of memory, most likely)"
+    if killed_twice or retries.is_out_of_memory(err):
+        _finish_attrs(spec, trial, started, {})
+        record.tell_infeasible(study, trial, reason, search.directions(spec))
+        log.info(f"trial {trial.number} infeasible (out of memory): {reason}")
+        return {"rank": 0, "state": "INFEASIBLE", "value": record.worst_value(spec.study.direction)}
+    _finish_attrs(spec, trial, started, {record.ATTR_FAIL_REASON: reason})
+    _tell(study, trial, state=optuna.trial.TrialState.FAIL)
+    log.info(f"trial {trial.number} FAIL: {reason}")
+    return None
+
+
+def _tell_diverged(
+    spec: StudySpec,
+    study: optuna.Study,
+    trial: optuna.Trial,
+    started: float,
+    attrs: dict[str, Any],
+    diverged: TrialDiverged,
+) -> dict[str, Any]:
+    """End the trial as diverged (every rank of a DDP trial stopped at the same step: the
+    reporter told them STOP)."""
+    _finish_attrs(spec, trial, started, attrs)
+    record.tell_diverged(study, trial, str(diverged), diverged.step)
+    log.info(f"trial {trial.number} DIVERGED: {diverged}")
+    return {"rank": 0, "state": "DIVERGED", "value": float("nan")}
 
 
 def compute_threads(spec: StudySpec) -> int:

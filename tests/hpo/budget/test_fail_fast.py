@@ -260,14 +260,15 @@ def test_the_rule_stops_on_two_permanent_or_three_other_failures_before_any_succ
     late_first = failing.check([_failed(1, 2.0, USAGE.format(32)), _failed(0, 1.0, USAGE.format(16))])
     spec = build_spec(score_study(tmp_path, "order", {"command": ["true"]}), str(tmp_path / "study.yaml"))
     assert late_first is not None and late_first.line(spec).startswith("trials 0 and 1 failed the same way")
-    # A failure that may be transient: a trial and its retry are one parameter set; a third set stops.
+    # A failure that may be transient: a trial and its retry are one parameter set; a third set,
+    # spread over the range, stops (the parameters do not decide it).
     flaky = [
         _failed(0, 1.0, FLAKY.format(3)),
-        _failed(1, 2.0, FLAKY.format(5)),
+        _failed(1, 5.0, FLAKY.format(5)),
         _failed(2, 1.0, FLAKY.format(3)),
     ]
     assert failing.check(flaky) is None
-    assert failing.check([*flaky, _failed(3, 3.0, FLAKY.format(9))]) is not None
+    assert failing.check([*flaky, _failed(3, 9.0, FLAKY.format(9))]) is not None
     # A success first: later failures are the trials' own.
     assert (
         failing.check([_complete(0, 1.0), _failed(1, 1.0, USAGE.format(1)), _failed(2, 2.0, USAGE.format(2))])
@@ -304,3 +305,142 @@ def test_a_failure_no_rerun_changes_is_not_retried(tmp_path: Path) -> None:
         record.fail(study, trial, reason)
         assert trial.number == number
     assert record.queue_retries(study, max_retries=1) == [1]
+
+
+# --- failures that depend on the parameters are the trials' own ------------------------------------
+
+LR = optuna.distributions.FloatDistribution(0.01, 1.0, log=True)
+CRASH = "the command exited with status 1: RuntimeError: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"
+
+
+def _failed_at(
+    number: int, lr: float, reason: str, curve: dict[int, float] | None = None
+) -> optuna.trial.FrozenTrial:
+    trial = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.FAIL,
+        params={"lr": lr, "x": 0.5 + number / 10},
+        distributions={"lr": LR, "x": optuna.distributions.FloatDistribution(0.0, 1.0)},
+        user_attrs={record.ATTR_FAIL_REASON: reason},
+        intermediate_values=curve or {},
+    )
+    trial.number = number
+    return trial
+
+
+@pytest.mark.fast
+def test_failures_only_some_parameters_cause_never_stop_the_study() -> None:
+    # The same crash at three learning rates above 0.5 (the top 15% of the log range): confined.
+    high = [_failed_at(i, lr, CRASH) for i, lr in enumerate((0.558, 0.865, 0.547))]
+    assert failing.confined(high) and failing.check(high) is None
+    # Spread over the range, the same crash is the set-up's.
+    spread = [_failed_at(i, lr, CRASH) for i, lr in enumerate((0.02, 0.9, 0.1))]
+    assert not failing.confined(spread) and failing.check(spread) is not None
+    # A script that exits 0 without its metric line for high learning rates only.
+    silent = "no metric reported; last output line: 'done'"
+    assert failing.check([_failed_at(i, lr, silent) for i, lr in enumerate((0.7, 0.95))]) is None
+    # A usage error fails whatever the parameters: two confined ones still stop.
+    assert (
+        failing.check([_failed_at(i, lr, USAGE.format(16)) for i, lr in enumerate((0.7, 0.95))]) is not None
+    )
+    # Failures after the trials reported (the set-up worked), and the program's own "loss is nan".
+    after = [_failed_at(i, lr, CRASH, {1: 0.5, 2: 0.6}) for i, lr in enumerate((0.02, 0.9, 0.1))]
+    nan = "the command exited with status 1: RuntimeError: loss is nan"
+    assert failing.check(after) is None
+    assert failing.check([_failed_at(i, lr, nan) for i, lr in enumerate((0.02, 0.9, 0.1))]) is None
+    assert not failing.suspect([_failed_at(0, 0.9, nan)])
+
+
+@pytest.mark.fast
+def test_a_study_that_ever_succeeded_is_never_stopped_by_fail_fast() -> None:
+    study = optuna.create_study()
+    study.add_trial(_complete(0, 1.0))
+    mistakes = [_failed(1, 1.0, USAGE.format(16)), _failed(2, 2.0, USAGE.format(32))]
+    assert failing.check(mistakes) is not None  # a launch that saw no success itself...
+    assert failing.check(mistakes, study) is None  # ...of a study that had one: the trials' own
+    # A diverged trial is neither a success nor a set-up mistake.
+    diverged = optuna.create_study()
+    trial = diverged.ask({"x": optuna.distributions.FloatDistribution(0.0, 10.0)})
+    record.tell_diverged(diverged, trial, "diverged at step 1: score=nan", 1)
+    [frozen] = diverged.get_trials()
+    assert record.shown_state(frozen) == "DIVERGED" and not record.queue_retries(diverged, max_retries=2)
+    assert failing.check([frozen, *mistakes], diverged) is not None
+
+
+@pytest.mark.fast
+def test_a_queued_retry_of_a_failure_no_rerun_changes_is_closed_not_run() -> None:
+    # A retry of "loss is nan" queued by an earlier launch (which retried it as a transient failure).
+    study = optuna.create_study()
+    space = {"x": optuna.distributions.FloatDistribution(0.0, 10.0)}
+    nan = "the command exited with status 1: RuntimeError: loss is nan"
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.FAIL, params={"x": 9.0}, distributions=space,
+            user_attrs={record.ATTR_FAIL_REASON: nan},
+        )
+    )  # fmt: skip
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.WAITING, params={"x": 9.0}, distributions=space,
+            user_attrs={record.ATTR_RETRY_OF: 0},
+            system_attrs={record.SYSTEM_ATTR_FAILED_TRIAL: 0, record.SYSTEM_ATTR_RETRY_HISTORY: [0]},
+        )
+    )  # fmt: skip
+    assert record.queue_retries(study, max_retries=3) == []
+    retry = study.get_trials()[1]
+    assert retry.state.name == "FAIL" and retry.user_attrs[record.ATTR_NOT_RUN], retry.user_attrs
+    assert [t.number for t in record.counted_trials(study)] == [0]
+
+
+# lr above 0.5 (15% of the log range) fails, before any report: "loss is nan" (the program's
+# words for a divergence), or a crash that says nothing of the parameters.
+LR_SCRIPT = r"""
+import argparse, sys
+parser = argparse.ArgumentParser()
+parser.add_argument("--lr", type=float, required=True)
+parser.add_argument("--wd", type=float, required=True)
+parser.add_argument("--message", required=True)
+args = parser.parse_args()
+if args.lr > 0.5:
+    sys.exit(args.message)
+for epoch in range(1, 3):
+    print(f"epoch {epoch} score {1 - abs(args.lr - 0.1) - args.wd * epoch:.4f}", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_failures_above_some_learning_rate_never_stop_a_study_over_twelve_seeds(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(LR_SCRIPT)
+    messages = ["RuntimeError: loss is nan", "RuntimeError: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"]
+    outcomes = []
+    for seed in range(12):
+        message = messages[seed % 2]
+        document = score_study(
+            tmp_path,
+            f"lr-{seed}-{uuid.uuid4().hex[:6]}",
+            {
+                "command": ["{python}", "train.py", "--lr", "{lr}", "--wd", "{wd}", "--message", message],
+                "metric_pattern": PATTERN,
+                "steps": 2,
+            },
+            n_trials=10,
+            max_concurrent=4,
+            max_retries=0,
+            sampler={"name": "tpe", "seed": seed},
+            workdir=str(tmp_path / f"work-{seed}"),
+        )
+        document["search_space"] = {
+            "lr": {"type": "float", "low": 0.01, "high": 1.0, "log": True},
+            "wd": {"type": "float", "low": 1e-5, "high": 1e-2, "log": True},
+        }
+        proc = run_hpo("launch", str(write_study(tmp_path / f"study-{seed}.yaml", document)), timeout=600)
+        trials = load_trials(document)
+        failed = [t for t in trials if t.params["lr"] > 0.5]
+        outcomes.append((seed, proc.returncode, len(trials), len(failed)))
+        assert proc.returncode == 0, (seed, proc.stdout[-2000:] + proc.stderr)
+        assert "failed the same way" not in proc.stdout + proc.stderr
+        assert len(trials) == 10, (seed, [(t.number, t.state.name) for t in trials])  # the whole budget
+        assert all(t.state.name in ("COMPLETE", "PRUNED") for t in trials if t.params["lr"] <= 0.5)
+        # "loss is nan" is a divergence (DIVERGED, the sampler learns from it); the crash a failure.
+        shown = {record.shown_state(t) for t in failed}
+        assert shown <= ({"DIVERGED"} if seed % 2 == 0 else {"FAIL"}), (seed, shown)
+    print(f"\nseed, exit status, trials, trials with lr > 0.5: {outcomes}")
