@@ -11,6 +11,7 @@ temporary workdir) are removed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 import signal
 import tempfile
@@ -110,8 +111,9 @@ def run_check(spec: StudySpec, timeout_s: float, log: Any = print) -> None:
     took = time.monotonic() - started
     if reporter.reports:
         step, value = reporter.reports[0]
+        diverged = "" if math.isfinite(value) else " (not a number: a trial reporting it ends DIVERGED)"
         log(
-            f"check: first report after {took:.1f} s: {spec.study.metric}={value:.6g} at step {step}; "
+            f"check: first report after {took:.1f} s: {spec.study.metric}={value:.6g} at step {step}{diverged}; "
             "stopped there. Nothing was submitted"
         )
     elif result is not None:  # a final value only (final_pattern, a function's return value)
