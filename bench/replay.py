@@ -449,7 +449,9 @@ class TrialRun:
 class Replay:
     trials: list[TrialRun]
     events: list[tuple[float, int, str]]
-    """(clock, trial number, what): "start", "epoch N", "COMPLETE", "PRUNED", in order."""
+    """(clock, trial number, what): "start", "epoch N", "COMPLETE", "PRUNED" (or "DIVERGED"), in order."""
+    study: optuna.Study = dataclasses.field(repr=False, compare=False)
+    """The Optuna study that was asked and told."""
 
     def compute_at(self, clock: float) -> float:
         """CPU-seconds charged by ``clock``: every trial's span from its ask, up to then."""
@@ -474,6 +476,10 @@ class Replay:
         return out
 
 
+TellDiverged = Callable[[optuna.Study, optuna.Trial, str | None], None]
+"""How a trial whose value turned non-finite is told: (the study, the trial, the study's direction)."""
+
+
 def replay(
     table: Table,
     spec: StudySpec,
@@ -483,13 +489,17 @@ def replay(
     compute_budget: float = math.inf,
     stop_when: Callable[[Replay, float], bool] | None = None,
     initial_trials: Sequence[optuna.trial.FrozenTrial] = (),
+    tell_diverged: TellDiverged | None = None,
 ) -> Replay:
     """Run the spec's sampler and pruner against the table with max_concurrent workers.
 
     New trials are asked while fewer than ``n_trials`` were and less than ``compute_budget`` was
     charged; ``stop_when(replay, compute spent)`` ends the study early (checked as each trial ends).
     Running trials end. ``initial_trials`` (finished trials of an earlier study: a warm start) are
-    added to the study before the first ask; they cost nothing and are not in the result.
+    added to the study before the first ask; they cost nothing and are not in the result. With
+    ``tell_diverged``, a trial whose value turns non-finite ends at that epoch, the value unreported,
+    and ``tell_diverged`` tells it to the study; it is DIVERGED, with no value (without
+    ``tell_diverged``, a non-finite value is read as any other).
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -503,7 +513,7 @@ def replay(
         study.add_trial(imported)
     stopper = stopper_for(spec, table)
     distributions = search.distributions(spec)
-    result = Replay(trials=[], events=[])
+    result = Replay(trials=[], events=[], study=study)
     queue: list[tuple[float, int, int, int]] = []  # (clock, sequence, trial number, epoch ending)
     sequence = 0
     live: dict[int, tuple[optuna.Trial, TrialRun]] = {}
@@ -543,7 +553,10 @@ def replay(
         run.epochs = epoch
         result.events.append((clock, number, f"epoch {epoch}"))
         last = epoch == table.epochs
-        if stopper.decide(trial, epoch, value, last):
+        if tell_diverged is not None and not math.isfinite(value):
+            tell_diverged(study, trial, spec.study.direction)
+            run.state = "DIVERGED"
+        elif stopper.decide(trial, epoch, value, last):
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             run.state = "PRUNED"
         elif last:
@@ -798,31 +811,37 @@ def summarize(tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
     judged = {task: r for task, r in tasks.items() if not r.get("saturated")}
     out: dict[str, Any] = {}
     for name in names:
-        per_task = {
-            task: {
-                "compute_to_target": r["strategies"][name]["compute_to_target"]["median"],
-                "beats_random": r["strategies"][name]["beats_random_at_equal_compute"],
-            }
-            for task, r in judged.items()
-        }
-
-        def worst(group: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-            if not group:
-                return None
-            compute = [
-                math.inf if v["compute_to_target"] is None else v["compute_to_target"] for v in group.values()
-            ]
-            beats = [v["beats_random"] for v in group.values() if v["beats_random"] is not None]
-            return {"compute_to_target": _json(max(compute)), "beats_random": min(beats) if beats else None}
-
+        per_task = per_task_figures(judged, name)
         out[name] = {
             "per_task": per_task,
-            "worst": worst(per_task),
-            "worst_held_out": worst({t: v for t, v in per_task.items() if t != CHOSEN_ON}),
+            "worst": worst_figures(per_task),
+            "worst_held_out": worst_figures({t: v for t, v in per_task.items() if t != CHOSEN_ON}),
         }
     summary = {"strategies": out, "saturated": sorted(set(tasks) - set(judged))}
     summary["leave_one_task_out"] = leave_one_task_out(summary)
     return summary
+
+
+def per_task_figures(tasks: dict[str, dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:
+    """A strategy's median compute to target and share of seeds beating random, task by task."""
+    return {
+        task: {
+            "compute_to_target": r["strategies"][name]["compute_to_target"]["median"],
+            "beats_random": r["strategies"][name]["beats_random_at_equal_compute"],
+        }
+        for task, r in tasks.items()
+    }
+
+
+def worst_figures(per_task: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The worst of ``per_task_figures`` over its tasks (None for no task)."""
+    if not per_task:
+        return None
+    compute = [
+        math.inf if v["compute_to_target"] is None else v["compute_to_target"] for v in per_task.values()
+    ]
+    beats = [v["beats_random"] for v in per_task.values() if v["beats_random"] is not None]
+    return {"compute_to_target": _json(max(compute)), "beats_random": min(beats) if beats else None}
 
 
 def leave_one_task_out(summary: dict[str, Any]) -> dict[str, Any]:

@@ -39,14 +39,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import heapq
 import json
 import math
 import statistics
 import sys
 import time
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -63,18 +61,19 @@ from bench.replay import (  # noqa: E402
     Recorded,
     Replay,
     Table,
+    TellDiverged,
     TrialRun,
     _clock_at_compute,
     _quartiles,
-    build_pruner,
     leave_one_task_out,
+    per_task_figures,
     recorded_tables,
+    replay,
     seed_range,
-    stopper_for,
     strategy_spec,
+    worst_figures,
 )
-from hpo import record, search  # noqa: E402
-from hpo.config import StudySpec  # noqa: E402
+from hpo import record  # noqa: E402
 
 DIVERGING_SHARE = 0.2
 """The share of the learning rate's log range, from the top, whose configurations diverge."""
@@ -132,9 +131,6 @@ class Divergence:
 
 # -- how a diverged trial is told ---------------------------------------------------------------
 
-Tell = Callable[[optuna.Study, optuna.Trial, str | None], None]
-"""(the study, the diverged trial, the study's direction)."""
-
 
 def _tell_fail(study: optuna.Study, trial: optuna.Trial, direction: str | None) -> None:
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -153,100 +149,12 @@ def _tell_worst_infeasible(study: optuna.Study, trial: optuna.Trial, direction: 
     study.tell(trial, record.worst_value(direction))
 
 
-TELL_MODES: dict[str, Tell] = {
+TELL_MODES: dict[str, TellDiverged] = {
     "fail": _tell_fail,
     "pruned": _tell_pruned,
     "worst": _tell_worst,
     "worst+constraint": _tell_worst_infeasible,
 }
-
-
-# -- the replay ----------------------------------------------------------------------------------
-
-
-def replay_diverging(
-    table: Table,
-    spec: StudySpec,
-    tell: Tell,
-    lookup: Lookup,
-    *,
-    n_trials: int | None = None,
-    compute_budget: float = math.inf,
-    stop_when: Callable[[Replay, float], bool] | None = None,
-) -> tuple[Replay, optuna.Study]:
-    """``bench.replay.replay`` with one more way for a trial to end: a non-finite value ends it
-    there, told by ``tell``; the replay records it as DIVERGED, with no value. (A copy of that
-    loop rather than a hook in it: it has no third ending, and its own results must not move.)"""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study = optuna.create_study(
-            study_name="replay",
-            direction=spec.study.direction,
-            sampler=search.build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source),
-            pruner=build_pruner(spec),
-        )
-    stopper = stopper_for(spec, table)
-    distributions = search.distributions(spec)
-    result = Replay(trials=[], events=[])
-    queue: list[tuple[float, int, int, int]] = []  # (clock, sequence, trial number, epoch ending)
-    sequence = 0
-    live: dict[int, tuple[optuna.Trial, TrialRun]] = {}
-    closed_s = 0.0
-    stopped = False
-
-    def spent(clock: float) -> float:
-        return closed_s + sum(clock - run.asked_s for _, run in live.values())
-
-    def may_ask(clock: float) -> bool:
-        return (
-            not stopped
-            and (n_trials is None or len(result.trials) < n_trials)
-            and spent(clock) < compute_budget
-        )
-
-    def start(clock: float) -> None:
-        nonlocal sequence
-        trial = study.ask(distributions)
-        run = TrialRun(trial.number, dict(trial.params), lookup(table, dict(trial.params)), asked_s=clock)
-        result.trials.append(run)
-        live[trial.number] = (trial, run)
-        result.events.append((clock, trial.number, "start"))
-        first = clock + run.recorded.overhead_s + run.recorded.epoch_s[0]
-        heapq.heappush(queue, (first, sequence, trial.number, 1))
-        sequence += 1
-
-    for _ in range(spec.study.max_concurrent):
-        if may_ask(0.0):
-            start(0.0)
-    while queue:
-        clock, _, number, epoch = heapq.heappop(queue)
-        trial, run = live[number]
-        value = run.recorded.values[epoch - 1]
-        run.epochs = epoch
-        result.events.append((clock, number, f"epoch {epoch}"))
-        last = epoch == table.epochs
-        if not math.isfinite(value):
-            tell(study, trial, spec.study.direction)
-            run.state = "DIVERGED"
-        elif stopper.decide(trial, epoch, value, last):
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            run.state = "PRUNED"
-        elif last:
-            study.tell(trial, value)
-            run.state, run.value = "COMPLETE", value
-        else:
-            heapq.heappush(queue, (clock + run.recorded.epoch_s[epoch], sequence, number, epoch + 1))
-            sequence += 1
-            continue
-        run.end_s = clock
-        closed_s += clock - run.asked_s
-        del live[number]
-        result.events.append((clock, number, run.state))
-        if stop_when is not None and stop_when(result, spent(clock)):
-            stopped = True
-        if may_ask(clock):
-            start(clock)
-    return result, study
 
 
 # -- many seeds ------------------------------------------------------------------------------
@@ -261,12 +169,12 @@ def _baseline(args: tuple[str, int, int, str]) -> tuple[float, float | None]:
     table_path, seed, trials, lookup = args
     table = Table.load(Path(table_path))
     divergence = Divergence.for_table(table)
-    run, _ = replay_diverging(
+    run = replay(
         table,
         strategy_spec("random", table, seed),
-        _tell_fail,
-        divergence.lookup(LOOKUPS[lookup]),
+        lookup=divergence.lookup(LOOKUPS[lookup]),
         n_trials=trials,
+        tell_diverged=_tell_fail,
     )
     values = [t.value for t in run.trials if t.value is not None]
     return run.total_compute(), max(values) if values else None
@@ -290,8 +198,13 @@ def _one(args: tuple[str, str | None, int, float, float, float, str]) -> dict[st
 
     started = time.monotonic()
     tell = _tell_fail if mode is None else TELL_MODES[mode]
-    run, _ = replay_diverging(
-        table, spec, tell, divergence.lookup(LOOKUPS[lookup]), compute_budget=horizon, stop_when=done
+    run = replay(
+        table,
+        spec,
+        lookup=divergence.lookup(LOOKUPS[lookup]),
+        compute_budget=horizon,
+        stop_when=done,
+        tell_diverged=tell,
     )
     progress = run.progress(maximize)
     to_target = next((c for c, v, _ in progress if reached(v)), math.inf)
@@ -413,23 +326,8 @@ def summarize(tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
     names = list(next(iter(tasks.values()))["strategies"])
     out: dict[str, Any] = {}
     for name in names:
-        per_task = {
-            task: {
-                "compute_to_target": r["strategies"][name]["compute_to_target"]["median"],
-                "beats_random": r["strategies"][name]["beats_random_at_equal_compute"],
-            }
-            for task, r in tasks.items()
-        }
-        compute = [
-            math.inf if v["compute_to_target"] is None else v["compute_to_target"] for v in per_task.values()
-        ]
-        out[name] = {
-            "per_task": per_task,
-            "worst": {
-                "compute_to_target": None if math.isinf(max(compute)) else max(compute),
-                "beats_random": min(v["beats_random"] for v in per_task.values()),
-            },
-        }
+        per_task = per_task_figures(tasks, name)
+        out[name] = {"per_task": per_task, "worst": worst_figures(per_task)}
     summary: dict[str, Any] = {"strategies": out}
     summary["leave_one_task_out"] = leave_one_task_out(summary)
     return summary

@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from bench import replay_divergence as rd
-from bench.replay import LOOKUPS, Table, strategy_spec
+from bench.replay import LOOKUPS, Table, replay, strategy_spec
 
 pytestmark = pytest.mark.fast
 
@@ -68,15 +68,19 @@ def test_each_tell_mode_leaves_a_diverged_trial_in_its_state_and_never_a_best(
 ) -> None:
     divergence = rd.Divergence.for_table(table, share=0.5)  # half the trials diverge: some among 12
     spec = strategy_spec("default", table, seed=1)
-    run, study = rd.replay_diverging(
-        table, spec, rd.TELL_MODES[mode], divergence.lookup(LOOKUPS["nearest"]), n_trials=12
+    run = replay(
+        table,
+        spec,
+        lookup=divergence.lookup(LOOKUPS["nearest"]),
+        n_trials=12,
+        tell_diverged=rd.TELL_MODES[mode],
     )
     diverged = [t for t in run.trials if t.state == "DIVERGED"]
     assert diverged and len(diverged) < len(run.trials)
     assert [t.number for t in diverged] == [t.number for t in run.trials if divergence.epoch(t.params)]
     state, value, constraints = EXPECTED[mode]
     for t in diverged:
-        frozen = study.trials[t.number]
+        frozen = run.study.trials[t.number]
         at = divergence.epoch(t.params)
         told = (frozen.intermediate_values.get(1) if at == 2 else None) if value == LAST_FINITE else value
         assert (frozen.state, frozen.value, frozen.constraints) == (state, told, constraints)
