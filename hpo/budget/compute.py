@@ -139,48 +139,37 @@ def _ray_allocation(
 
 
 class BudgetGate:
-    """The launcher's question before each submission: does the budget allow another trial?
-    Measured again when a trial has ended since, or every ``REMEASURE_S`` while none ends."""
+    """The budget as every caller of ``hpo.budget.admission`` measures it: measured again when a
+    trial has ended since, or every ``REMEASURE_S`` while none ends (sacct is asked no more often,
+    however many trials a launcher keeps in flight or workers ask)."""
 
-    def __init__(self, spec: StudySpec, study: optuna.Study, ray_jobs: Sequence[str] = ()) -> None:
+    def __init__(
+        self, spec: StudySpec, study: optuna.Study, ray_jobs: Sequence[str] = (), keep: bool = True
+    ) -> None:
         self.spec = spec
         self.study = study
         self.ray_jobs = ray_jobs
+        self.keep = keep
+        """Store the figure on the study for the views when a trial has ended (a launcher does; its
+        workers leave that to it)."""
         self.last: Spending | None = None
         self._measured_at = float("-inf")
         self._ended_seen = -1
-        self._announced = False
 
     def submitted(self) -> None:
         """A trial was just submitted: the next question measures again (it is in flight now)."""
         self._measured_at = float("-inf")
 
-    def allows_another(self, trials_ended: int) -> bool:
-        """``trials_ended``: how many trials the caller has seen end (a change measures again)."""
+    def spending(self, trials_ended: int) -> Spending | None:
+        """The study's spending; None without a budget. ``trials_ended``: how many trials the
+        caller has seen end (a change measures again)."""
         if self.spec.study.budget is None:
-            return True
+            return None
         now = time.monotonic()
         if trials_ended != self._ended_seen or now - self._measured_at >= REMEASURE_S:
             self.last = measure(self.spec, self.study.get_trials(deepcopy=False), self.ray_jobs)
             assert self.last is not None
-            if trials_ended != self._ended_seen:  # stored for the views, not on every re-measure
+            if self.keep and trials_ended != self._ended_seen:  # for the views, not on every re-measure
                 study_record.store_spent_hours(self.study, self.last.spent)
             self._ended_seen, self._measured_at = trials_ended, now
-        assert self.last is not None
-        return self.last.allows_another
-
-    @property
-    def exhausted(self) -> bool:
-        return self.last is not None and self.last.exhausted
-
-    def exhausted_line(self) -> str | None:
-        """Once, when the budget ends submissions for good: what was spent and what is left."""
-        if self._announced or self.last is None or not self.last.exhausted:
-            return None
-        self._announced = True
-        expected = (
-            f"; one more trial would cost ~{accounting.format_hours(self.last.per_trial)}"
-            if self.last.known
-            else ""
-        )
-        return f"compute budget reached: {self.last.line()}{expected}: submitting no more trials"
+        return self.last

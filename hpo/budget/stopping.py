@@ -181,12 +181,9 @@ def terminator_evaluation(study: optuna.Study) -> dict[str, Any] | None:
     return dict(value) if value else None
 
 
-def end_if_met(study: optuna.Study, spec: StudySpec) -> str | None:
-    """Check the rules; when one is met, store why and what it saved on the study and return the
-    line to print (the launcher's, the Ray driver's)."""
-    verdict = check(study, spec)
-    if verdict is None:
-        return None
+def end(study: optuna.Study, spec: StudySpec, verdict: Verdict) -> str:
+    """Store why a rule ended the study and what that saved; returns the line the launcher prints
+    (``hpo.budget.admission.Gate``, for every backend)."""
     saved = saving(study, spec)
     study_record.store_stopped(study, verdict.reason, verdict.at_trial, saved)
     return f"stop rule met after trial {verdict.at_trial}: {verdict.reason}; saved {saved}"

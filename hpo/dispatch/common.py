@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from hpo import failures, record, search, study_record, warm_start
-from hpo.budget import failing, stopping
-from hpo.budget.compute import BudgetGate
+from hpo.budget import admission
 from hpo.dispatch.lease import Lease
 from hpo.dispatch.progress import Progress
 from hpo.slurm import executors
@@ -181,66 +180,18 @@ class Dispatcher:
         self.progress = progress
         self.claim = claim
         """The study's launcher lease, confirmed before each submission."""
-        self.cancel_seen = False
-        self.budget = BudgetGate(spec, study)
-        self.stopped = False
-        self.trials_ended = 0
-        """Trials seen ending by this launcher: the stop rules and the budget look again when it grows."""
-        self._stop_checked_at = -1
+        self.gate = admission.Gate(spec, study, started=self.started, deadline=deadline, log=log)
         self.ended: list[optuna.trial.FrozenTrial] = []
-        """This launch's trials in the order they were seen ending (the fail-fast rule reads them)."""
-        self.failing: str | None = None
-        """Why ``hpo.budget.failing`` stopped this launch: its first trials failed the same way."""
+        """This launch's trials in the order they were seen ending (the fail-fast rule reads them;
+        the stop rules and the budget look again when it grows)."""
 
-    def _accepting(self) -> bool:
-        """Whether new trials may start: not past the timeout, no `hpo cancel` since this launch,
-        the compute budget not reached, no stop rule met. Asked between submissions only, so that
-        a cancel it sees is acknowledged to `hpo cancel` (which waits for that) with no submission
-        under way."""
-        if self.deadline is not None and time.time() >= self.deadline:
-            return False
-        if self._cancelled():
-            return False
-        if self._stop_rule_met():
-            return False
-        if not self.budget.allows_another(self.trials_ended):
-            line = self.budget.exhausted_line()
-            if line:
-                self.log(line)
-            return False
-        return True
-
-    def _cancelled(self) -> bool:
-        """`hpo cancel` since this launch (acknowledged to it once)."""
-        requested = study_record.cancel_requested_at(self.study)
-        if requested < self.started:
-            return False
-        if not self.cancel_seen:
-            study_record.acknowledge_cancel(self.study, requested)
-            self.cancel_seen = True
-            self.log("hpo cancel: submitting no more trials")
-        return True
-
-    def _stop_rule_met(self) -> bool:
-        """The fail-fast rule and the study's stop rules, read again each time a trial has ended; a
-        verdict is final for this launch, printed once and stored on the study."""
-        if self.stopped or self.trials_ended == self._stop_checked_at:
-            return self.stopped
-        self._stop_checked_at = self.trials_ended
-        verdict = failing.check(self.ended) if self.spec.study.fail_fast else None
-        if verdict is not None:
-            cut = self._cut_short() if verdict.failure.permanent else []
-            self.failing = failing.end(self.study, self.spec, verdict, cut)
-            self.log(f"stopping: {self.failing}")
-            self.stopped = True
-            return True
-        if not self.spec.study.stop.active:
-            return False
-        line = stopping.end_if_met(self.study, self.spec)
-        if line:
-            self.log(line)
-            self.stopped = True
-        return self.stopped
+    def _accepting(self) -> admission.Admission:
+        """Whether new trials may start (``hpo.budget.admission``: the timeout, `hpo cancel` since
+        this launch, fail fast, the stop rules, the compute budget). Asked between submissions
+        only, so that a cancel it sees is acknowledged to `hpo cancel` (which waits for that) with
+        no submission under way."""
+        running = sum(1 for entry in self.in_flight if entry.finished is None)
+        return self.gate.ask(self.ended, running, cut_short=self._cut_short)
 
     def _cut_short(self) -> list[int]:
         """End the trials in flight when the launch stops on a failure no rerun changes: they run
@@ -329,7 +280,6 @@ class Dispatcher:
             record.fail(self.study, number, reason)
 
     def _report(self, trial: optuna.trial.FrozenTrial) -> None:
-        self.trials_ended += 1
         self.ended.append(trial)
         state = trial.state.name
         if state == "COMPLETE" and trial.values and not trial.user_attrs.get(record.ATTR_INFEASIBLE):
@@ -405,14 +355,19 @@ def worker_entry(job: Any, executor: str) -> InFlight:
 
 
 def summarize(study: optuna.Study, spec: StudySpec, log: Log = print, since: float = 0.0) -> LaunchSummary:
-    """The launch's closing lines; ``since`` (the launch's start) tells a cancel of this launch from
-    an older one."""
+    """The launch's closing lines; ``since`` (the launch's start) tells a cancel or a fail-fast
+    verdict of this launch from an older one."""
     counts: dict[str, int] = {}
     for trial in record.own_trials(study):
         counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
     cancelled = study_record.cancel_requested_at(study) >= since > 0
     summary = LaunchSummary(
-        counts=counts, best_number=None, best_value=None, best_params={}, cancelled=cancelled
+        counts=counts,
+        best_number=None,
+        best_value=None,
+        best_params={},
+        cancelled=cancelled,
+        failing=admission.failing_line(study, since) if since > 0 else None,
     )
     log("trials: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
     best = record.best_trial(study, spec)

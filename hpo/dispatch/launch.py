@@ -84,6 +84,4 @@ def _launch_held(
         if progress:
             progress.close()
         executors.remove_unnamed_folder(executors.jobs_folder(spec))
-    summary = summarize(study, spec, log, since=dispatcher.started)
-    summary.failing = dispatcher.failing
-    return summary
+    return summarize(study, spec, log, since=dispatcher.started)

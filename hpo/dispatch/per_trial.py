@@ -9,7 +9,6 @@ from typing import Any
 import optuna
 
 from hpo import record
-from hpo.budget import failing
 from hpo.dispatch.common import Deferral, Dispatcher, InFlight, signals_deferred
 from hpo.errors import LaunchError, NotReadyError, one_line
 from hpo.slurm import executors
@@ -41,8 +40,6 @@ class PerTrialDispatcher(Dispatcher):
     hold_jobs_until_gone = False
     """Whether a finished trial's job keeps its place until squeue no longer lists it (at the
     site's job limit, where one more job would be refused)."""
-    _suspect_at: int | None = None
-    """How many trials had ended when the launch began to wait for the next one to decide."""
 
     def run(self) -> None:
         executor = executors.make_executor(
@@ -57,17 +54,16 @@ class PerTrialDispatcher(Dispatcher):
         """Collect the trials that ended, submit new ones; True once the study is done."""
         self._collect_finished()
         budget_left = self.spec.study.n_trials - self._counted()
-        # The cancel flag is read before every submission: a cancel during a slow sbatch stops the next.
+        # Admission is asked before every submission: a cancel during a slow sbatch stops the next.
         while (
             budget_left > 0
             and len(self.in_flight) < self.spec.study.max_concurrent
-            and self._accepting()
-            and not self._awaiting_verdict()
+            and self._accepting().open
         ):
             room = self.spec.study.max_concurrent - len(self.in_flight)
             self._submit(executor, min(self.spec.resources.trials_per_gpu, budget_left, room))
             budget_left = self.spec.study.n_trials - self._counted()
-        accepting = self._accepting()
+        accepting = self._accepting().open
         if not self.in_flight and (budget_left <= 0 or not accepting):
             if not accepting and budget_left > 0:
                 self.log(f"stopped early: {budget_left} trials of the budget not started")
@@ -77,17 +73,6 @@ class PerTrialDispatcher(Dispatcher):
         if self.progress:
             self.progress.tick()
         return False
-
-    def _awaiting_verdict(self) -> bool:
-        """A first trial failed in a way no rerun changes: nothing more is submitted until one more
-        trial in flight ends, which decides (``hpo.budget.failing.suspect``): a success, or the
-        same failure again (the launch stops), or another."""
-        if not (self.in_flight and self.spec.study.fail_fast and failing.suspect(self.ended)):
-            self._suspect_at = None
-            return False
-        if self._suspect_at is None:
-            self._suspect_at = len(self.ended)
-        return len(self.ended) == self._suspect_at
 
     def _submit(self, executor: Any, size: int) -> None:
         """Ask ``size`` trials and submit them as one job: one trial, or a pack of trials that
@@ -122,7 +107,7 @@ class PerTrialDispatcher(Dispatcher):
             if packed:
                 asked |= {record.ATTR_PACK_SLOT: slot, record.ATTR_PACK_SIZE: len(trials)}
             record.set_attrs(trial, asked)
-        if self._cancelled():  # `hpo cancel` between the ask and now
+        if self.gate.cancelled():  # `hpo cancel` between the ask and now
             for trial in trials:
                 record.close_not_run(self.study, trial, f"never submitted: {record.REASON_CANCELLED}")
             return
@@ -155,7 +140,7 @@ class PerTrialDispatcher(Dispatcher):
                 slot=slot if packed else None,
             )
             self.in_flight.append(entry)
-            self.budget.submitted()
+            self.gate.budget.submitted()
             retry_of = trial.user_attrs.get(record.ATTR_RETRY_OF)
             shared = f", {len(trials)} trials on its GPU" if packed else ""
             self.log(
@@ -167,7 +152,7 @@ class PerTrialDispatcher(Dispatcher):
         """Between two sbatch tries: still this study's launcher, and no cancel since."""
         if self.claim is not None:
             self.claim.confirm()  # raises if another launcher took the study meanwhile
-        if self._cancelled():
+        if self.gate.cancelled():
             raise CancelledMeanwhile
 
     def _collect_finished(self) -> None:

@@ -35,7 +35,7 @@ class WorkerDispatcher(Dispatcher):
         if adopted:
             self.log(f"{len(adopted)} workers of an earlier launch still run: {', '.join(sorted(live))}")
         seen = {t.number for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()}
-        while self._counted() < self.spec.study.n_trials and self._accepting():
+        while self._counted() < self.spec.study.n_trials and self._accepting().open:
             running = len(adopted) * self.spec.resources.trials_per_gpu  # workers per job
             wanted = min(count - running, self.spec.study.n_trials - self._counted())
             if self.claim is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -11,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from submitit.core.utils import UncompletedJobError
 
-from hpo import joblog, record, search, study_record
-from hpo.budget import compute, failing
+from hpo import joblog, record, search
+from hpo.budget import admission, compute
 from hpo.storage import StorageRef, open_storage, with_retries
 from hpo.trial import packing, retries
 from hpo.trial.objective import Objective, TrainerObjective
@@ -58,20 +59,17 @@ class WorkerTask:
             seed_stream=1 + len(study.get_trials(deepcopy=False)) + 7919 * int(worker) + 104729 * slot,
         )
         space = search.distributions(self.spec)
+        budget = compute.BudgetGate(self.spec, study, keep=False)  # the launcher stores the figure
+        job_end = None if self.time_limit_min is None else job_started + 60 * self.time_limit_min
         ran = 0
         while record.started_count(study) < self.spec.study.n_trials:  # enqueued ones count once run
-            if self.deadline_unix is not None and time.time() >= self.deadline_unix:
-                break
-            if study_record.cancel_requested_at(study) >= self.started:
-                break
-            spending = compute.measure(self.spec, study.get_trials(deepcopy=False))
-            reason = self._reason_to_stop(study, spending, job_started, longest_trial_s)
-            if reason:
-                log.info(f"worker stops: {reason}")
-                break
-            if spending is not None and not spending.allows_another:
+            answer = self._admission(study, budget, job_end, longest_trial_s)
+            if answer.holds:
                 time.sleep(compute.REMEASURE_S)  # no trial has finished yet to say what one costs
                 continue
+            if not answer.open:
+                log.info(f"worker stops: {answer.reason}")
+                break
             trial = study.ask(space)
             retries.inherit_checkpoint(self.spec, trial)
             # Several workers may ask at the same moment for the last slot: the trial numbers
@@ -93,21 +91,21 @@ class WorkerTask:
             ran += 1
         return {"trials_run": ran}
 
-    def _reason_to_stop(
-        self, study: Any, spending: compute.Spending | None, job_started: float, longest_trial_s: float
-    ) -> str | None:
-        """Why this worker takes no further trial (a stop rule, the launch's first trials failing
-        the same way, the compute budget, too little time left in the job), or None."""
-        stopped = study_record.stopped(study)
-        if stopped and float(stopped.get("at", 0)) >= self.started:
-            return f"stop rule met ({stopped['reason']})"
-        if self.spec.study.fail_fast and failing.check(record.ended_since(study, self.started)):
-            # The launcher stores the verdict and says why; a worker stops as soon as it sees it.
-            return "the launch's first trials failed the same way"
-        if spending is not None and spending.exhausted:
-            return f"compute budget reached: {spending.line()}"
-        if self.time_limit_min is not None:
-            left_s = job_started + 60 * self.time_limit_min - time.time()
-            if left_s < 1.2 * longest_trial_s + 60:
-                return f"{left_s:.0f} s left, the longest trial took {longest_trial_s:.0f} s"
-        return None
+    def _admission(
+        self, study: Any, budget: compute.BudgetGate, job_end: float | None, longest_trial_s: float
+    ) -> admission.Admission:
+        """Whether this worker takes another trial (``hpo.budget.admission``): it obeys the verdict
+        its launcher stored and judges fail fast itself, to stop as soon as it sees one."""
+        ended = record.ended_since(study, self.started)
+        return admission.decide(
+            study,
+            self.spec,
+            now=time.time(),
+            started=self.started,
+            deadline=self.deadline_unix,
+            ended=ended,
+            role=admission.WORKER,
+            spending=functools.partial(budget.spending, len(ended)),
+            job_end=job_end,
+            longest_trial_s=longest_trial_s,
+        )

@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from hpo import record, study_record, warm_start
-from hpo.budget import stopping
-from hpo.budget.compute import BudgetGate
+from hpo.budget import admission
 from hpo.dispatch.common import open_study
 from hpo.dispatch.ray import ddp_trial, optuna_search, population
 from hpo.paths import checkpoint_dir
@@ -125,7 +124,11 @@ def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective, pb
         "MASTER_PORT",
     ):
         os.environ.pop(name, None)
-    objective(spec, trial_key, config, TuneReporter())
+    try:
+        objective(spec, trial_key, config, TuneReporter())
+    except Exception as err:
+        optuna_search.note_failure(spec, tune.get_context().get_trial_id(), err)
+        raise
 
 
 def fail_leftovers(study: optuna.Study) -> int:
@@ -164,6 +167,7 @@ def run(
     started = time.time()  # an `hpo cancel` from before this launch does not stop it
     study, backend, planned = open_study(spec, storage, reseed=False, allow_space_change=allow_space_change)
     leftovers = fail_leftovers(study)
+    study_record.clear_failing_stop(study)  # an earlier launch's verdict: this one judges its own trials
     warm_start.apply(spec, study, planned, log)
     study_record.enqueue_first_trials(study, spec)
     remaining = spec.study.n_trials - record.started_count(study)
@@ -184,7 +188,7 @@ def run(
             plan = _population_plan(study, spec, remaining, job_id)
         else:
             search_alg = optuna_search.study_search(
-                spec, backend, spec.max_steps, job_id, started, log, ending=_ending(spec, study)
+                spec, backend, spec.max_steps, job_id, _admission(spec, study, started, log)
             )
             plan = _TunePlan(search_alg, build_scheduler(spec, spec.max_steps), spec.study.max_concurrent)
         _tuner(spec, _tune_trainable(spec, objective, pbt), plan, remaining).fit()
@@ -276,22 +280,28 @@ def _tuner(spec: StudySpec, trainable: Any, plan: _TunePlan, remaining: int) -> 
     )
 
 
-def _ending(spec: StudySpec, study: optuna.Study) -> Callable[[optuna.Study], str | None]:
-    """Why Tune may start no further trial: a stop rule met, or the compute budget reached (the
-    hours of the study's Slurm allocations, whole; estimates for a local Ray). Read again when a
-    trial has ended, the budget at least every ``compute.REMEASURE_S``."""
-    gate = BudgetGate(spec, study, ray_jobs=study_record.ray_jobs(study))
-    checked = [-1]
+def _admission(
+    spec: StudySpec, study: optuna.Study, started: float, log: Any
+) -> Callable[[optuna.Study], admission.Admission]:
+    """Whether Tune may start another trial: the launch's admission (``hpo.budget.admission``:
+    `hpo cancel`, fail fast, the stop rules, the compute budget as the hours of the study's Slurm
+    allocations, whole, or estimates for a local Ray). Its trials are those that end from now on:
+    not the ones an ended Ray job left running, failed as this launch began."""
+    deadline = None if spec.study.timeout_min is None else started + 60 * spec.study.timeout_min
+    gate = admission.Gate(
+        spec,
+        study,
+        started=started,
+        deadline=deadline,
+        log=log,
+        cancel_line="hpo cancel: starting no more trials",
+        ray_jobs=study_record.ray_jobs(study),
+    )
+    before = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
 
-    def ending(live: optuna.Study) -> str | None:
-        ended = sum(1 for t in live.get_trials(deepcopy=False) if t.state.is_finished())
-        if spec.study.stop.active and ended != checked[0]:
-            checked[0] = ended
-            line = stopping.end_if_met(live, spec)
-            if line:
-                return line
-        if not gate.allows_another(ended):
-            return gate.exhausted_line() if gate.exhausted else optuna_search.HOLD
-        return None
+    def ask(live: optuna.Study) -> admission.Admission:
+        ended = [t for t in record.ended_since(live, started) if t.number not in before]
+        running = len(live.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
+        return gate.ask(ended, running)
 
-    return ending
+    return ask

@@ -15,59 +15,58 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import record, search, study_record
+from hpo import record, search
+from hpo.budget.admission import ADMITTED, Admission
+from hpo.paths import private_dir, trial_dir
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
 
 
-HOLD = "hold"
-"""What ``ending`` answers when no trial may start now but one may once a running trial ends."""
-
-
 @dataclasses.dataclass
 class _Gate:
-    """Whether Tune may start another trial: not after ``hpo cancel`` since this driver started,
-    nor once ``ending`` gives a reason (said once in the log)."""
+    """The searcher's question before each trial: ``ask(study)``, the launch's admission
+    (``hpo.budget.admission``), which says it and stores it."""
 
-    launched_at: float
-    log: Any
-    ending: Callable[[optuna.Study], str | None]
-    cancel_seen: bool = False
-    ended: str = ""
+    ask: Callable[[optuna.Study], Admission]
 
     def __getstate__(self) -> dict[str, Any]:
-        # Tune pickles the searcher into its experiment state. The callables stay behind: the
-        # launcher's log may be the builtin print, which Ray can replace in a driver (pickling it
-        # by reference then fails, and the Ray job with it), and a relaunch builds a new gate.
-        return {**self.__dict__, "log": None, "ending": None}
+        # Tune pickles the searcher into its experiment state. The question stays behind: it holds
+        # the launcher's log, which may be the builtin print that Ray can replace in a driver
+        # (pickling it by reference then fails, and the Ray job with it), and a relaunch builds
+        # a new gate.
+        return {"ask": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, log=_say, ending=_no_reason)
-
-    def closed(self, study: optuna.Study) -> str | None:
-        """None to start a trial, HOLD for not now, or why no more trials start."""
-        requested = study_record.cancel_requested_at(study)
-        if requested >= self.launched_at:
-            if not self.cancel_seen:
-                study_record.acknowledge_cancel(study, requested)  # the cancel is told it was seen
-                self.cancel_seen = True
-                self.log("hpo cancel: starting no more trials")
-            return "cancelled"
-        reason = self.ended or self.ending(study)
-        if reason and reason != HOLD:
-            if not self.ended:
-                self.log(reason)
-            self.ended = reason
-        return reason
+        self.ask = _admitted
 
 
-def _say(line: str) -> None:
-    print(line, flush=True)
+def _admitted(study: optuna.Study) -> Admission:
+    return ADMITTED
 
 
-def _no_reason(study: optuna.Study) -> str | None:
-    return None
+FAIL_REASON_FILE = "fail_reason"
+"""In a Tune trial's folder (``hpo.paths.trial_dir``, on the study's shared workdir): the one line
+its objective failed with. Tune tells a searcher only that a trial raised; fail fast
+(``hpo.budget.failing``) reads what it raised, as on the Optuna backend."""
+
+
+def note_failure(spec: StudySpec, tune_trial_id: str, err: BaseException) -> None:
+    """Keep the reason a Tune trial's objective failed with, worded as ``hpo.trial.task`` words it."""
+    from hpo.errors import one_line
+    from hpo.trial.objective import ObjectiveFailed
+
+    folder = private_dir(trial_dir(spec, f"ray-{tune_trial_id}"))
+    reason = one_line(err, name=not isinstance(err, ObjectiveFailed))
+    (folder / FAIL_REASON_FILE).write_text(reason + "\n")
+
+
+def _noted_failure(spec: StudySpec, tune_trial_id: str) -> str | None:
+    path = trial_dir(spec, f"ray-{tune_trial_id}") / FAIL_REASON_FILE
+    try:
+        return path.read_text().strip() or None
+    except OSError:  # a trial Tune failed before its objective ran (an actor lost)
+        return None
 
 
 def _tell(
@@ -90,16 +89,13 @@ def study_search(
     storage: Any,
     epochs: int,
     job_id: str,
-    launched_at: float,
-    log: Any = print,
-    ending: Callable[[optuna.Study], str | None] = lambda study: None,
+    admission: Callable[[optuna.Study], Admission] = _admitted,
 ) -> Any:
-    """``ending(study)``: why no further trial may start (the compute budget, a stop rule), HOLD
-    for not now, or None."""
+    """``admission(study)``: whether Tune may start another trial (``hpo.budget.admission``)."""
     from ray.tune.search import Searcher
     from ray.tune.search.optuna import OptunaSearch
 
-    gate = _Gate(launched_at, log, ending)
+    gate = _Gate(admission)
     where = {record.ATTR_EXECUTOR: "ray", record.ATTR_JOB_ID: job_id}
 
     class StudySearch(OptunaSearch):
@@ -107,11 +103,14 @@ def study_search(
         is PRUNED, as with the Optuna backend, and carries the same attributes."""
 
         def suggest(self, trial_id: str) -> dict[str, Any] | None:
-            closed = gate.closed(self._ot_study) if self._ot_study is not None else None
-            if closed == HOLD:
+            answer = gate.ask(self._ot_study) if self._ot_study is not None else ADMITTED
+            if answer.holds:
                 return None  # Tune asks again later
-            if closed:
-                return Searcher.FINISHED  # Tune's sentinel: no more trials from this searcher
+            if not answer.open:
+                # Tune's sentinel for "no more trials from this searcher": a str where its
+                # signature says dict.
+                finished: Any = Searcher.FINISHED
+                return finished
             config: dict[str, Any] | None = super().suggest(trial_id)
             ot_trial = self._ot_trials.get(trial_id)
             if ot_trial is not None:  # where it runs, visible while it runs (hpo status, hpo cancel)
@@ -126,6 +125,9 @@ def study_search(
             ot_trial = self._ot_trials[trial_id]
             epochs_done = int(result.get("training_iteration", 0)) if result else 0
             attrs = record.tune_result_attrs(result, epochs_done, error, spec.resources.tasks_per_node)
+            reason = _noted_failure(spec, trial_id) if error else None
+            if reason:
+                attrs[record.ATTR_FAIL_REASON] = reason
             record.set_attrs(ot_trial, {**where, **attrs})
             assert self._ot_study is not None  # set up before the first trial is suggested
             value = None if not result else result.get(self.metric)

@@ -18,6 +18,7 @@ from tests.hpo.helpers import (
     launch_in_background,
     load_trials,
     run_hpo,
+    score_study,
     study_document,
     wait_for_trials,
     write_study,
@@ -337,3 +338,44 @@ def test_the_ray_backend_starts_no_trial_past_the_compute_budget(
     one_trial = max(float(t.user_attrs["elapsed_s"]) for t in trials) / 3600
     # Two trials in flight when the budget is reached: both finish.
     assert spent <= 0.004 + 2 * one_trial, (spent, one_trial)
+
+
+USAGE_SCRIPT = r"""
+import argparse
+parser = argparse.ArgumentParser(prog="train.py")
+parser.add_argument("--x", type=float, required=True)
+args = parser.parse_args()
+print(f"epoch 1 score {args.x:.4f}", flush=True)
+"""
+
+
+def test_fail_fast_stops_a_ray_launch_whose_first_trials_fail_the_same_way(tmp_path: Path) -> None:
+    """A command with a flag the script does not know, on a local Ray instance: the launch stops
+    after 2 trials, as on the Optuna backend, with the same line and exit status."""
+    (tmp_path / "train.py").write_text(USAGE_SCRIPT)
+    document = score_study(
+        tmp_path,
+        f"ray-ff-{uuid.uuid4().hex[:6]}",
+        {
+            "command": ["{python}", "train.py", "--x", "{x}", "--hidden-size", "16"],
+            "metric_pattern": r"^epoch (?P<step>\d+) score (?P<value>[0-9.]+)$",
+            "steps": 1,
+        },
+        backend="ray",
+        n_trials=6,
+        max_concurrent=2,
+        max_retries=0,
+    )
+    study_file = write_study(tmp_path / "study.yaml", document)
+
+    proc = run_hpo("launch", str(study_file), timeout=600)
+
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [error] = proc.stderr.strip().splitlines()[-1:]
+    assert error.startswith("hpo launch: error: trials 0 and 1 failed the same way"), error
+    assert "unrecognized arguments: --hidden-size 16" in error and "objective.command" in error, error
+    assert f"stopping: {error.removeprefix('hpo launch: error: ')}" in proc.stdout, proc.stdout
+    trials = load_trials(document)
+    assert [(t.number, t.state.name) for t in trials] == [(0, "FAIL"), (1, "FAIL")], proc.stdout
+    status = run_hpo("status", str(study_file))
+    assert "last launch stopped: trials 0 and 1 failed the same way" in status.stdout, status.stdout
