@@ -86,7 +86,9 @@ def test_workers_stop_taking_trials_at_the_budget(tmp_path: Path, fashion_mnist_
     proc = run_hpo("launch", str(study_file), "--workers", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     trials = load_trials(document)
-    assert 2 <= len(trials) < 40, len(trials)
+    # A worker waits while the trials running are the only measure of what one costs (as the
+    # launcher does): with ~9 s trials, the second may never start (9 + 9 s > 14.4 s).
+    assert 1 <= len(trials) < 40, len(trials)
     assert all(t.state.name == "COMPLETE" for t in trials)
     # Estimates here (local processes): each trial's elapsed time x its one CPU.
     spent = sum(float(t.user_attrs["elapsed_s"]) for t in trials) / 3600
