@@ -136,3 +136,35 @@ def test_a_non_finite_report_is_a_divergence_and_a_bad_value_one_clear_error() -
             trial.report("x", 0.5)  # type: ignore[arg-type]
         assert trial.report(2, math.nan) is False  # the study, not the call, decides on NaN
     assert len(asked) == 1 and asked[0][0] == 2 and math.isnan(asked[0][1])
+
+
+# Two matches on one line (the first counts) and a step printed twice (the first value counts).
+REPEATS = r"""
+print("epoch 1 metric 0.5 | epoch 1 metric 0.9", flush=True)
+print("epoch 2 metric 0.6", flush=True)
+print("epoch 2 metric 0.7", flush=True)
+print("epoch 3 metric 0.8 | epoch 3 metric 0.1", flush=True)
+"""
+
+
+def test_a_report_the_study_does_not_take_gets_one_warning_line_per_kind(tmp_path: Path) -> None:
+    (tmp_path / "repeats.py").write_text(REPEATS)
+    document = score_study(
+        tmp_path,
+        f"rep-{uuid.uuid4().hex[:6]}",
+        {
+            "command": ["{python}", "repeats.py"],
+            "metric_pattern": r"epoch (?P<step>\d+) metric (?P<value>\S+)",
+            "steps": 3,
+        },
+        n_trials=1,
+    )
+    study_file = write_study(tmp_path / "study.yaml", document)
+    assert run_hpo("launch", str(study_file), timeout=300).returncode == 0
+    [trial] = load_trials(document)
+    assert trial.intermediate_values == {1: 0.5, 2: 0.6, 3: 0.8}
+    log = run_hpo("logs", str(study_file), "0").stdout
+    warnings = [line for line in log.splitlines() if line.startswith("hpo: warning: ")]
+    assert len(warnings) == 2, log
+    assert "matched this line more than once; the first match counts" in warnings[0]
+    assert "step 2 was reported again (0.6, then 0.7); the study keeps the first value" in warnings[1]
