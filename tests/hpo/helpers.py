@@ -228,5 +228,10 @@ def wait_for_trials(
         trials = trials_or_none(document, storage) or []
         if ready(trials):
             return trials
-        assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()[0]
+        if time.monotonic() >= deadline or launcher.poll() is not None:
+            # A launcher still running at the deadline is stopped first: its output is the message,
+            # and a test that waited in vain fails instead of waiting on the launcher forever.
+            if launcher.poll() is None:
+                launcher.kill()
+            raise AssertionError(launcher.communicate(timeout=60)[0])
         time.sleep(0.5)
