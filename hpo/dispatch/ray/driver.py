@@ -16,6 +16,7 @@ checks import this module on machines and in processes where Ray is absent or no
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shutil
 import socket
@@ -101,7 +102,12 @@ def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective, pb
                 tune.report(payload, checkpoint=tune.Checkpoint.from_directory(str(own_checkpoint)))
             else:
                 tune.report(payload)
-            return Decision.CONTINUE  # Tune stops the trial itself when its scheduler says so
+            # Tune stops the trial itself when its scheduler says so; a non-finite metric stops it
+            # here (the searcher tells it DIVERGED).
+            value = getattr(metrics, spec.study.metric, None)
+            return (
+                Decision.STOP if value is not None and not math.isfinite(float(value)) else Decision.CONTINUE
+            )
 
     config = {key: value for key, value in config.items() if key != population.MEMBER_KEY}
     handed = tune.get_checkpoint() if pbt else None

@@ -10,6 +10,7 @@ checks import this module on machines and in processes where Ray is absent or no
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -70,9 +71,23 @@ def _noted_failure(spec: StudySpec, tune_trial_id: str) -> str | None:
 
 
 def _tell(
-    study: optuna.Study, ot_trial: optuna.Trial, value: Any, epochs_done: int, epochs: int, error: bool
+    study: optuna.Study,
+    ot_trial: optuna.Trial,
+    value: Any,
+    epochs_done: int,
+    epochs: int,
+    error: bool,
+    diverged: tuple[int, str] | None = None,
 ) -> None:
-    """Tune's ended trial into the study: a trial its scheduler stopped early is PRUNED."""
+    """Tune's ended trial into the study: a trial its scheduler stopped early is PRUNED; one whose
+    metric turned NaN or infinite (``diverged``: its step and reason) is DIVERGED, its finite
+    reports kept."""
+    if diverged is None and value is not None and not math.isfinite(float(value)):
+        diverged = (epochs_done, f"{record.REASON_DIVERGED} {epochs_done}: {value}")
+    if diverged is not None:
+        step, reason = diverged
+        record.tell_diverged(study, ot_trial, reason, step)
+        return
     if value is not None and epochs_done:
         # Tune hands the last epoch's result to on_trial_complete, not on_trial_result.
         ot_trial.report(float(value), epochs_done)
@@ -98,6 +113,8 @@ def study_search(
     gate = _Gate(admission)
     where = {record.ATTR_EXECUTOR: "ray", record.ATTR_JOB_ID: job_id}
 
+    diverged: dict[str, tuple[int, str]] = {}  # Tune trial id -> (step, "diverged at step N: metric=nan")
+
     class StudySearch(OptunaSearch):
         """OptunaSearch records a trial that Tune's scheduler stopped early as COMPLETE; here it
         is PRUNED, as with the Optuna backend, and carries the same attributes."""
@@ -117,6 +134,17 @@ def study_search(
                 record.set_attrs(ot_trial, {**where, record.ATTR_STARTED_AT: record.now_iso()})
             return config
 
+        def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+            value = result.get(self.metric)
+            if isinstance(value, float) and not math.isfinite(value):
+                # Not stored as an intermediate value: the trial is told DIVERGED at its end.
+                step = int(result.get("training_iteration", 0))
+                diverged.setdefault(
+                    trial_id, (step, f"{record.REASON_DIVERGED} {step}: {self.metric}={value}")
+                )
+                return
+            super().on_trial_result(trial_id, result)
+
         def on_trial_complete(
             self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
         ) -> None:
@@ -131,7 +159,7 @@ def study_search(
             record.set_attrs(ot_trial, {**where, **attrs})
             assert self._ot_study is not None  # set up before the first trial is suggested
             value = None if not result else result.get(self.metric)
-            _tell(self._ot_study, ot_trial, value, epochs_done, epochs, error)
+            _tell(self._ot_study, ot_trial, value, epochs_done, epochs, error, diverged.get(trial_id))
             self._completed_trials.add(trial_id)
 
     sampler = search.build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source)
