@@ -299,7 +299,9 @@ def test_cancel_stops_a_running_study_and_leaves_nothing_running(
         fresh_database,
         launcher,
         lambda trials: sum(1 for t in trials if t.state.name == "RUNNING" and t.intermediate_values) == 2,
-        timeout=120,
+        # A job of another test that needs both nodes (a Ray cluster) may be ahead of the second
+        # trial's in the queue until a running job reaches its time limit (seen: 8.5 minutes).
+        timeout=660,
     )
     [running] = wait_for_trials(
         neighbour,
