@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import optuna
 
@@ -99,6 +99,26 @@ def _tell(
         study.tell(ot_trial, float(value))
 
 
+def _ended_attrs(
+    spec: StudySpec, trial_id: str, result: dict[str, Any] | None, error: bool
+) -> tuple[int, dict[str, Any]]:
+    """The epochs an ended Tune trial trained, and its attributes (its noted reason if it raised)."""
+    epochs_done = int(result.get("training_iteration", 0)) if result else 0
+    attrs = record.tune_result_attrs(result, epochs_done, error, spec.resources.tasks_per_node)
+    if error and (reason := _noted_failure(spec, trial_id)):
+        attrs[record.ATTR_FAIL_REASON] = reason
+    return epochs_done, attrs
+
+
+def _divergence(metric: str, result: dict[str, Any]) -> tuple[int, str] | None:
+    """The step and reason of a Tune result whose metric is NaN or infinite, else None."""
+    value = result.get(metric)
+    if not isinstance(value, float) or math.isfinite(value):
+        return None
+    step = int(result.get("training_iteration", 0))
+    return step, f"{record.REASON_DIVERGED} {step}: {metric}={value}"
+
+
 def study_search(
     spec: StudySpec,
     storage: Any,
@@ -112,8 +132,7 @@ def study_search(
 
     gate = _Gate(admission)
     where = {record.ATTR_EXECUTOR: "ray", record.ATTR_JOB_ID: job_id}
-
-    diverged: dict[str, tuple[int, str]] = {}  # Tune trial id -> (step, "diverged at step N: metric=nan")
+    diverged: dict[str, tuple[int, str]] = {}  # Tune trial id -> (step, "diverged at step N: ...")
 
     class StudySearch(OptunaSearch):
         """OptunaSearch records a trial that Tune's scheduler stopped early as COMPLETE; here it
@@ -123,11 +142,8 @@ def study_search(
             answer = gate.ask(self._ot_study) if self._ot_study is not None else ADMITTED
             if answer.holds:
                 return None  # Tune asks again later
-            if not answer.open:
-                # Tune's sentinel for "no more trials from this searcher": a str where its
-                # signature says dict.
-                finished: Any = Searcher.FINISHED
-                return finished
+            if not answer.open:  # Tune's "no more trials" sentinel: a str where it says dict
+                return cast(dict[str, Any], Searcher.FINISHED)
             config: dict[str, Any] | None = super().suggest(trial_id)
             ot_trial = self._ot_trials.get(trial_id)
             if ot_trial is not None:  # where it runs, visible while it runs (hpo status, hpo cancel)
@@ -135,15 +151,11 @@ def study_search(
             return config
 
         def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
-            value = result.get(self.metric)
-            if isinstance(value, float) and not math.isfinite(value):
-                # Not stored as an intermediate value: the trial is told DIVERGED at its end.
-                step = int(result.get("training_iteration", 0))
-                diverged.setdefault(
-                    trial_id, (step, f"{record.REASON_DIVERGED} {step}: {self.metric}={value}")
-                )
-                return
-            super().on_trial_result(trial_id, result)
+            found = _divergence(self.metric, result)
+            if found is None:
+                super().on_trial_result(trial_id, result)
+            else:  # not stored as an intermediate value: the trial is told DIVERGED at its end
+                diverged.setdefault(trial_id, found)
 
         def on_trial_complete(
             self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
@@ -151,11 +163,7 @@ def study_search(
             if trial_id in self._completed_trials or trial_id not in self._ot_trials:
                 return
             ot_trial = self._ot_trials[trial_id]
-            epochs_done = int(result.get("training_iteration", 0)) if result else 0
-            attrs = record.tune_result_attrs(result, epochs_done, error, spec.resources.tasks_per_node)
-            reason = _noted_failure(spec, trial_id) if error else None
-            if reason:
-                attrs[record.ATTR_FAIL_REASON] = reason
+            epochs_done, attrs = _ended_attrs(spec, trial_id, result, error)
             record.set_attrs(ot_trial, {**where, **attrs})
             assert self._ot_study is not None  # set up before the first trial is suggested
             value = None if not result else result.get(self.metric)
