@@ -49,12 +49,14 @@ def test_a_throttled_loader_in_the_main_process_is_input_bound_and_workers_hide_
     fashion_mnist_root: str,
 ) -> None:
     """A slow filesystem (load_delay_ms) read in the main process leaves the model waiting for most
-    of each step; four workers prefetching in parallel hide the same latency. Sized so that four
-    workers deliver a batch (64 x 2 ms / 4 = 32 ms) in about half the model's step time on a CPU:
-    a machine busy with other work slows the model more than the sleeping workers."""
-    throttled = {"width": 16, "batch_size": 64, "max_steps_per_epoch": 30, "load_delay_ms": 2}
+    of each step; six workers prefetching in parallel hide the same latency. Sized so that one
+    process reads a batch (64 x 5 ms = 320 ms) in about three model steps on a CPU (0.1 s at width
+    8) and six workers in half of one: a machine busy with other work (the tests run two at a time)
+    slows the model more than the sleeping workers, and the starved run still waits most of its
+    steps."""
+    throttled = {"width": 8, "batch_size": 64, "max_steps_per_epoch": 30, "load_delay_ms": 5}
     starved = train(tiny_config(**throttled, num_workers=0))
-    fed = train(tiny_config(**throttled, num_workers=4, prefetch_factor=4, persistent_workers=True))
+    fed = train(tiny_config(**throttled, num_workers=6, prefetch_factor=4, persistent_workers=True))
 
     def share(result: TrainResult) -> float:
         shares = [m.data_wait_share for m in result.history]

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 180
+RAY_START_ATTEMPTS = 3
 _PORT_NAMES = (
     "port",
     "node-manager-port",
@@ -113,25 +115,22 @@ class RayClusterTask:
         return self._worker(job_id, rank, node_ip, temp_dir, rdv)
 
     def _head(self, job_id: str, nodes: int, node_ip: str, temp_dir: str, rdv: Path) -> dict[str, Any]:
-        ports = _free_ports(len(_PORT_NAMES) + 1)
-        named = dict(zip(_PORT_NAMES, ports, strict=False))
         # The head starts while the driver opens the study (seconds each, on different processes).
         starting = _ray_start(
             ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"],
-            named,
+            _PORT_NAMES,
             node_ip,
             temp_dir,
             self.spec,
         )
-        address = f"{node_ip}:{named['port']}"
-        announced = False
+        address = ""
 
-        def head_up() -> None:
-            nonlocal announced
-            if announced:
-                return
-            starting()
-            announced = True
+        def head_up() -> str:
+            nonlocal address
+            if address:
+                return address
+            named = starting()
+            address = f"{node_ip}:{named['port']}"
             rdv.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             _write_json(rdv, {"address": address, "head": _node_name(), "dashboard_port": named["dashboard-port"],
                               "job_id": job_id, "done": False})  # fmt: skip
@@ -139,11 +138,10 @@ class RayClusterTask:
                 f"ray head on {_node_name()} ({address}), dashboard on 127.0.0.1:{named['dashboard-port']}"
             )
             threading.Thread(target=_report_joined, args=(rdv, nodes), daemon=True).start()
+            return address
 
         try:
-            driver.run(
-                self.spec, self.storage, address=address, objective=self.objective, cluster_ready=head_up
-            )
+            driver.run(self.spec, self.storage, objective=self.objective, cluster=head_up)
         finally:
             with contextlib.suppress(RuntimeError):
                 head_up()  # a study with nothing left to run never connected: the head is stopped all the same
@@ -158,11 +156,9 @@ class RayClusterTask:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"ray cluster: no head address in {rdv} after {JOIN_TIMEOUT_S} s")
             time.sleep(0.2)
-        ports = _free_ports(len(_PORT_NAMES) + 1)
-        named = dict(zip(_PORT_NAMES[1:], ports, strict=False))  # a worker has no GCS port
-        named.pop("dashboard-port", None)
-        named.pop("ray-client-server-port", None)
-        _ray_start([f"--address={data['address']}"], named, node_ip, temp_dir, self.spec)()
+        # A worker has no GCS, dashboard or client server of its own.
+        names = [n for n in _PORT_NAMES if n not in ("port", "dashboard-port", "ray-client-server-port")]
+        _ray_start([f"--address={data['address']}"], names, node_ip, temp_dir, self.spec)()
         log.info(f"ray worker on {_node_name()} joined {data['address']}")
         joined_marker(rdv, rank).touch()
         try:  # stay until the head is done: the job ends when every task has returned
@@ -174,43 +170,62 @@ class RayClusterTask:
 
 
 def _ray_start(
-    extra: list[str], ports: dict[str, int], node_ip: str, temp_dir: str, spec: StudySpec
-) -> Callable[[], None]:
-    """``ray start`` begun; the function returned waits for it and raises if it failed."""
+    extra: list[str], port_names: Sequence[str], node_ip: str, temp_dir: str, spec: StudySpec
+) -> Callable[[], dict[str, int]]:
+    """``ray start`` begun on ports free now; the function returned waits for it and gives the
+    ports it listens on. A port can be taken between its choice and Ray's bind (another cluster
+    starting on the node, or the other emulated node of this host): Ray then fails after half a
+    minute with processes left behind, which are stopped before a start on fresh ports."""
     slots = slots_per_node(spec)
-    low = _free_range(_WORKER_PORTS + 1, avoid=set(ports.values()))
-    args = [
-        _ray(),
-        "start",
-        *extra,
-        f"--node-ip-address={node_ip}",
-        f"--temp-dir={temp_dir}",
-        f"--num-cpus={cpus_per_trial(spec) * slots}",
-        f"--num-gpus={gpus_per_node(spec)}",
-        f"--min-worker-port={low}",
-        f"--max-worker-port={low + _WORKER_PORTS}",
-        "--disable-usage-stats",
-        *(f"--{name}={port}" for name, port in ports.items()),
-    ]
-    proc = subprocess.Popen(
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **driver.ACTOR_ENV},
-    )
 
-    def wait() -> None:
-        try:
-            out, err = proc.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise RuntimeError(f"ray start did not return within 300 s on {_node_name()}") from None
-        if proc.returncode != 0:
-            tail = [line for line in (err or out).splitlines() if line.strip()][-3:]
-            raise RuntimeError(f"ray start failed on {_node_name()}: {' | '.join(tail)}")
+    def begin() -> tuple[dict[str, int], subprocess.Popen[str]]:
+        ports = dict(zip(port_names, _free_ports(len(port_names)), strict=True))
+        low = _free_range(_WORKER_PORTS + 1, avoid=set(ports.values()))
+        args = [
+            _ray(),
+            "start",
+            *extra,
+            f"--node-ip-address={node_ip}",
+            f"--temp-dir={temp_dir}",
+            f"--num-cpus={cpus_per_trial(spec) * slots}",
+            f"--num-gpus={gpus_per_node(spec)}",
+            f"--min-worker-port={low}",
+            f"--max-worker-port={low + _WORKER_PORTS}",
+            "--disable-usage-stats",
+            *(f"--{name}={port}" for name, port in ports.items()),
+        ]
+        env = {**os.environ, **driver.ACTOR_ENV}
+        return ports, subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+
+    ports, proc = begin()
+
+    def wait() -> dict[str, int]:
+        nonlocal ports, proc
+        for attempt in range(1, RAY_START_ATTEMPTS + 1):
+            try:
+                out, err = proc.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise RuntimeError(f"ray start did not return within 300 s on {_node_name()}") from None
+            if proc.returncode == 0:
+                return ports
+            failure = f"ray start failed on {_node_name()}: {_last_lines(out + err)}"
+            if attempt == RAY_START_ATTEMPTS:
+                raise RuntimeError(failure)
+            log.warning(f"{failure}; starting again on other ports")
+            _stop_ray(temp_dir, whole_job=False)
+            ports, proc = begin()
+        raise AssertionError("unreachable")
 
     return wait
+
+
+def _last_lines(output: str, count: int = 3) -> str:
+    """The last lines of a command's output on one line, without the terminal's colour codes."""
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", output).splitlines() if line.strip()]
+    return " | ".join(lines[-count:])
 
 
 def joined_marker(rdv: Path, rank: int) -> Path:
@@ -240,10 +255,11 @@ def _free_ports(count: int) -> list[int]:
         return [sock.getsockname()[1] for sock in sockets]
 
 
-def _stop_ray(temp_dir: str) -> None:
+def _stop_ray(temp_dir: str, whole_job: bool = True) -> None:
     """Stop this node's Ray processes of this job only. `ray stop` would kill every Ray process
     on the node, another study's cluster included; ours are the ones whose command line names our
-    temp dir (their workers die with their raylet)."""
+    temp dir (their workers die with their raylet). ``whole_job`` adds the processes whose
+    environment names the job's token: on one host emulating two nodes, the other node's too."""
     own = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -251,9 +267,8 @@ def _stop_ray(temp_dir: str) -> None:
         try:
             # Ray's agents rename their command line; their environment still names our token.
             marker = f"RAY_AUTH_TOKEN_PATH={os.environ.get('RAY_AUTH_TOKEN_PATH', temp_dir)}".encode()
-            if (
-                temp_dir.encode() in (entry / "cmdline").read_bytes()
-                or marker in (entry / "environ").read_bytes()
+            if temp_dir.encode() in (entry / "cmdline").read_bytes() or (
+                whole_job and marker in (entry / "environ").read_bytes()
             ):
                 own.append(int(entry.name))
         except OSError:

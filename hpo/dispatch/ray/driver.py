@@ -153,16 +153,14 @@ def fail_leftovers(study: optuna.Study) -> int:
 def run(
     spec: StudySpec,
     storage: StorageRef,
-    address: str | None = None,
     objective: Objective | None = None,
     log: Any = print,
     allow_space_change: bool = False,
-    cluster_ready: Callable[[], None] = lambda: None,
+    cluster: Callable[[], str] | None = None,
 ) -> None:
-    """Run the study's remaining trials on a Ray cluster (``address``) or a local Ray instance.
-    In an allocation, the launcher that submitted it has checked the study file already.
-    ``cluster_ready()`` returns once the cluster at ``address`` is up: the study is opened while
-    it starts."""
+    """Run the study's remaining trials on a Ray cluster or a local Ray instance (``cluster``
+    None). In an allocation, the launcher that submitted it has checked the study file already.
+    ``cluster()`` returns the cluster's address once it is up: the study is opened while it starts."""
     import ray
 
     pbt = spec.study.pruner.name == "pbt"
@@ -182,9 +180,8 @@ def run(
     if remaining <= 0:
         return
     job_id = os.environ.get("SLURM_JOB_ID", f"local-{os.getpid()}")
-    if address:
-        cluster_ready()
-        ray.init(address=address, log_to_driver=False)
+    if cluster is not None:
+        ray.init(address=cluster(), log_to_driver=False)
     else:
         os.environ.update(ACTOR_ENV)
         ray.init(num_cpus=max(1, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
