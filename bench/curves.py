@@ -9,11 +9,16 @@ journal, the configurations enqueued), to measure the noise a strategy cannot se
 launch resumes what an earlier sitting left: the journal is committed. ``export`` writes the
 task's ``table.json`` from the journal.
 
+``record-short`` trains every configuration of the table again with a complete OneCycle schedule
+of fewer epochs (each length its own study in the journal, same seed): the low fidelity that
+respects the schedule, against which a prefix of the full run is measured (``bench/fidelity.py``).
+
 A task of the built-in trainer records each epoch's seconds and the held-out test accuracy from
 the trainer's own measurements; a task of the user's own command reports them as named groups
 of its ``metric_pattern``: ``seconds`` (the epoch's), and ``test`` (held-out accuracy, if any).
 
     python bench/curves.py record --task fmnist-resnet20-9ep   # the study, the repeats, then export
+    python bench/curves.py record-short --task digits-mlp-27ep --epochs 3 9
     python bench/curves.py export --task fmnist-resnet20-9ep   # the table from the journal as it stands
     python bench/curves.py list                                # the tasks and what each holds
 """
@@ -98,16 +103,50 @@ def record_table(task: str) -> None:
             enqueue=[dict(t.params) for t in main],
         )
         _set_seed(document, seed)
-        path = REPO / document["study"]["workdir"] / f"repeat-seed{seed}.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # The copy sits in the workdir: the objective's folder stays the one the task's file names.
-        if "objective" in document:
-            cwd = study_file(task).parent / document["objective"].get("cwd", ".")
-            document["objective"]["cwd"] = str(cwd.resolve())
-        path.write_text(yaml.safe_dump(document, sort_keys=False))
-        _launch(path)
+        _launch_variant(task, document, f"repeat-seed{seed}.yaml")
     export(task)
     print(f"recorded in {(time.monotonic() - started) / 3600:.2f} h (this sitting)")
+
+
+def record_short(task: str, lengths: list[int]) -> None:
+    """Every configuration of the task's study trained again, each by a complete schedule of
+    ``lengths`` epochs (the full run's seed): one study per length in the task's journal."""
+    started = time.monotonic()
+    subprocess.run(["bash", str(REPO / "deploy/local-cluster/up.sh")], check=True, stdout=subprocess.DEVNULL)
+    main_name = load_document(task)["study"]["name"]
+    configs = sorted(_completed(_open(task, main_name)), key=lambda t: t.number)
+    for epochs in lengths:
+        document = load_document(task)
+        document["study"].update(
+            name=short_name(main_name, epochs),
+            n_trials=len(configs),
+            sampler={"name": "random", "seed": 0},
+            enqueue=[dict(t.params) for t in configs],
+        )
+        if "objective" in document:
+            document["objective"].setdefault("fixed", {})["epochs"] = epochs
+            document["objective"]["steps"] = epochs
+        else:
+            document["trainer"]["epochs"] = epochs
+        _launch_variant(task, document, f"short-{epochs}ep.yaml")
+    export(task)
+    print(f"recorded in {(time.monotonic() - started) / 3600:.2f} h (this sitting)")
+
+
+def short_name(main: str, epochs: int) -> str:
+    return f"{main}-{epochs}ep"
+
+
+def _launch_variant(task: str, document: dict[str, Any], filename: str) -> None:
+    """Launch a variant of the task's study, written to its workdir: the objective's folder stays
+    the one the task's file names."""
+    path = REPO / document["study"]["workdir"] / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if "objective" in document:
+        cwd = study_file(task).parent / document["objective"].get("cwd", ".")
+        document["objective"]["cwd"] = str(cwd.resolve())
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    _launch(path)
 
 
 def _set_seed(document: dict[str, Any], seed: int) -> None:
@@ -167,9 +206,18 @@ def export(task: str) -> dict[str, Any]:
             row["seed"] = seed
             row["of"] = by_params[json.dumps(row["params"], sort_keys=True)]
             repeats.append(row)
+    short: dict[str, list[dict[str, Any]]] = {}
+    for name, epochs in _short_studies(task, spec.study.name):
+        short[str(epochs)] = []
+        for trial in sorted(_completed(_open(task, name)), key=lambda t: t.number):
+            row = _row(trial, metric)
+            row["of"] = by_params[json.dumps(row["params"], sort_keys=True)]
+            short[str(epochs)].append(row)
     asked = [datetime.fromisoformat(t.user_attrs[record.ATTR_ASKED_AT]) for t in _completed(main)]
     finished = [datetime.fromisoformat(t.user_attrs[record.ATTR_FINISHED_AT]) for t in _completed(main)]
+    rows_short = [r for runs in short.values() for r in runs]
     trial_hours = sum(sum(r["train_s"]) + sum(r["val_s"]) + r["overhead_s"] for r in rows + repeats) / 3600
+    short_hours = sum(sum(r["train_s"]) + sum(r["val_s"]) + r["overhead_s"] for r in rows_short) / 3600
     document = load_document(task)
     table = {
         "task": task,
@@ -193,10 +241,27 @@ def export(task: str) -> dict[str, Any]:
         "trial_hours": round(trial_hours, 2),
         "configs": rows,
         "repeats": repeats,
+        # Complete shorter schedules of the same configurations, by length in epochs.
+        **({"short_trial_hours": round(short_hours, 2), "short": short} if short else {}),
     }
     table_path(task).write_text(json.dumps(table, indent=1) + "\n")
     print(f"{table_path(task).relative_to(REPO)}: {len(rows)} configurations, {len(repeats)} repeats")
     return table
+
+
+def _short_studies(task: str, main: str) -> list[tuple[str, int]]:
+    """The task's short-schedule studies in its journal: (name, epochs), shortest first."""
+    import optuna
+
+    spec = load_study(study_file(task))
+    ref = storage.resolve_storage(spec, spec.study.storage, str(study_file(task)))
+    names = optuna.get_all_study_names(storage.open_storage(ref, create=False))
+    found = []
+    for name in names:
+        length = name.removeprefix(f"{main}-").removesuffix("ep")
+        if name.startswith(f"{main}-") and name.endswith("ep") and length.isdigit():
+            found.append((name, int(length)))
+    return sorted(found, key=lambda found: found[1])
 
 
 def _param(param: Any) -> dict[str, Any]:
@@ -216,12 +281,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", choices=["record", "export", "list"])
+    parser.add_argument("what", choices=["record", "record-short", "export", "list"])
     parser.add_argument("--task", choices=tasks(), default=FIRST_TASK)
+    parser.add_argument("--epochs", type=int, nargs="+", default=[], help="record-short: the lengths")
     args = parser.parse_args(argv)
     os.chdir(REPO)  # the study files' paths are relative to the repository
     if args.what == "record":
         record_table(args.task)
+    elif args.what == "record-short":
+        if not args.epochs:
+            parser.error("record-short needs --epochs, e.g. --epochs 3 9")
+        record_short(args.task, args.epochs)
     elif args.what == "export":
         export(args.task)
     else:
@@ -229,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
             held = json.loads(table_path(task).read_text()) if table_path(task).exists() else None
             what = (
                 f"{len(held['configs'])} configurations, {len(held['repeats'])} repeats"
+                + "".join(
+                    f", {len(runs)} complete {n}-epoch runs" for n, runs in held.get("short", {}).items()
+                )
                 if held
                 else "no table yet"
             )
