@@ -29,6 +29,7 @@ import copy
 import dataclasses
 import functools
 import heapq
+import itertools
 import json
 import math
 import statistics
@@ -91,7 +92,13 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "tpe+sha": {"sampler": TPE, "pruner": {"name": "successive_halving", "options": {"min_resource": 1, "reduction_factor": 3}}},
     "random+sha": {"sampler": {"name": "random"}, "pruner": {"name": "successive_halving", "options": {"min_resource": 1, "reduction_factor": 3}}},
     "random+hyperband": {"sampler": {"name": "random"}, "pruner": {"name": "hyperband", "options": {"min_resource": 1, "reduction_factor": 3}}},
+    # Fidelities that are complete schedules: successive halving whose rungs are complete OneCycle
+    # runs of the table's short lengths, then the full run, each from scratch (``restarted``).
+    "tpe+sha-restarts": {"sampler": TPE, "pruner": {"name": "successive_halving"}},
+    "random+sha-restarts": {"sampler": {"name": "random"}, "pruner": {"name": "successive_halving"}},
 }  # fmt: skip
+RESTARTED = {"tpe+sha-restarts", "random+sha-restarts"}
+"""Replayed on the tables that hold complete short runs only (``python bench/curves.py record-short``)."""
 
 
 # Stop rules measured here that no study file can name (not shipped: see bench/curve_pruner.py).
@@ -126,6 +133,9 @@ class Table:
     task: str = ""
     study_file: Path = DEFAULT_STUDY
     """The study file a strategy's study is built from (its space, its objective or trainer)."""
+    short: dict[int, list[Recorded | None]] = dataclasses.field(default_factory=dict)
+    """By length in epochs: each configuration trained by a complete schedule that long (None
+    where its run did not complete), in the order of ``configs``."""
 
     def __post_init__(self) -> None:
         self._points = np.array([self.scaled(c.params) for c in self.configs])
@@ -147,6 +157,12 @@ class Table:
 
         configs = [recorded(row) for row in data["configs"]]
         index = {row["number"]: i for i, row in enumerate(data["configs"])}
+        short: dict[int, list[Recorded | None]] = {}
+        for length, rows in data.get("short", {}).items():
+            runs: list[Recorded | None] = [None] * len(configs)
+            for row in rows:
+                runs[index[row["of"]]] = recorded(row)
+            short[int(length)] = runs
         return cls(
             metric=metric,
             direction=data["direction"],
@@ -157,6 +173,7 @@ class Table:
             repeats=[(index[row["of"]], recorded(row)) for row in data.get("repeats", [])],
             task=data.get("task", path.parent.name),
             study_file=REPO / data["study_file"] if "study_file" in data else DEFAULT_STUDY,
+            short=short,
         )
 
     def scaled(self, params: dict[str, Any]) -> list[float]:
@@ -311,13 +328,71 @@ LOOKUPS: dict[str, Lookup] = {
 }
 
 
+def short_run(table: Table, params: dict[str, Any], epochs: int, lookup: Lookup, full: Recorded) -> Recorded:
+    """A complete run of ``epochs`` for ``params``, as ``lookup`` gives its full run (``full``):
+    the nearest configuration's short run, or the weighted mean of the 3 nearest that have one,
+    moved by the seed noise drawn for the full run's end (a short schedule ends annealed as the
+    full one does; the table repeats no short run to draw its own)."""
+    runs = table.short[epochs]
+    near = [(d, i) for d, i in table.nearest(params, len(runs)) if runs[i] is not None]
+    if lookup is nearest_neighbour:
+        found = runs[near[0][1]]
+        assert found is not None
+        return found
+    near = near[:3]
+    weights = np.array([1.0 / max(d, 1e-9) for d, _ in near])
+    chosen = [run for _, i in near if (run := runs[i]) is not None]
+    shift = full.values[-1] - k_nearest(table, params).values[-1] if lookup is noisy_k_nearest else 0.0
+    return Recorded(
+        params=params,
+        values=[min(1.0, max(0.0, float(v) + shift)) for v in np.average([c.values for c in chosen], axis=0, weights=weights)],
+        epoch_s=[float(v) for v in np.average([c.epoch_s for c in chosen], axis=0, weights=weights)],
+        overhead_s=float(np.average([c.overhead_s for c in chosen], weights=weights)),
+        test_accuracy=None,
+    )  # fmt: skip
+
+
+def restarted(table: Table, params: dict[str, Any], lookup: Lookup) -> tuple[Recorded, dict[int, int]]:
+    """A trial whose fidelities are complete schedules: one run of each recorded short length,
+    then the full run, each from scratch in the same job (one start-up). Its curve is theirs end to
+    end; it is judged at the end of each, at the step of its length: (the curve, {epoch of the
+    curve: step reported})."""
+    full = lookup(table, params)
+    values: list[float] = []
+    epoch_s: list[float] = []
+    judged_at = {}
+    for length in sorted(table.short):
+        run = short_run(table, params, length, lookup, full)
+        values += run.values
+        epoch_s += run.epoch_s
+        judged_at[len(values)] = length
+    judged_at[len(values) + table.epochs] = table.epochs
+    curve = dataclasses.replace(full, values=values + full.values, epoch_s=epoch_s + full.epoch_s)
+    return curve, judged_at
+
+
 # -- strategies ------------------------------------------------------------------------------
 
 
 def strategy_spec(name: str, table: Table, seed: int, default_study: Path | None = None) -> StudySpec:
     """The table's study file with the strategy's sampler, pruner or backend (the pruners'
     resources are the table's epochs), built as a study file is."""
-    return spec_with(STRATEGIES[name], table, seed, default_study, name)
+    keys = STRATEGIES[name]
+    if name in RESTARTED:
+        keys = {**keys, "pruner": {**keys["pruner"], "options": schedule_rungs(table)}}
+    return spec_with(keys, table, seed, default_study, name)
+
+
+def schedule_rungs(table: Table) -> dict[str, int]:
+    """Successive halving's options whose rungs are the table's short lengths and its full one:
+    they must grow by one whole factor (3, 9, 27 epochs: reduction factor 3)."""
+    lengths = [*sorted(table.short), table.epochs]
+    factors = {b / a for a, b in itertools.pairwise(lengths)}
+    if len(lengths) < 2 or len(factors) != 1 or not (factor := factors.pop()).is_integer():
+        raise ValueError(
+            f"{table.task}: short runs of {lengths[:-1]} epochs are not rungs of one factor to {table.epochs}"
+        )
+    return {"min_resource": lengths[0], "reduction_factor": int(factor)}
 
 
 def seed_range(seeds: int) -> range:
@@ -443,6 +518,9 @@ class TrialRun:
     epochs: int = 0
     state: str = "RUNNING"
     value: float | None = None
+    judged_at: dict[int, int] | None = None
+    """Restarted fidelities (``restarted``): the epochs of its curve at which it reports, and the
+    step each reports; None: every epoch, at its own number."""
 
 
 @dataclasses.dataclass
@@ -490,6 +568,7 @@ def replay(
     stop_when: Callable[[Replay, float], bool] | None = None,
     initial_trials: Sequence[optuna.trial.FrozenTrial] = (),
     tell_diverged: TellDiverged | None = None,
+    restarts: bool = False,
 ) -> Replay:
     """Run the spec's sampler and pruner against the table with max_concurrent workers.
 
@@ -499,7 +578,8 @@ def replay(
     added to the study before the first ask; they cost nothing and are not in the result. With
     ``tell_diverged``, a trial whose value turns non-finite ends at that epoch, the value unreported,
     and ``tell_diverged`` tells it to the study; it is DIVERGED, with no value (without
-    ``tell_diverged``, a non-finite value is read as any other).
+    ``tell_diverged``, a non-finite value is read as any other). With ``restarts``, each trial
+    runs the table's complete short schedules before its full one (``restarted``).
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -534,7 +614,12 @@ def replay(
     def start(clock: float) -> None:
         nonlocal sequence
         trial = study.ask(distributions)
-        run = TrialRun(trial.number, dict(trial.params), lookup(table, dict(trial.params)), asked_s=clock)
+        params = dict(trial.params)
+        if restarts:
+            curve, judged_at = restarted(table, params, lookup)
+            run = TrialRun(trial.number, params, curve, asked_s=clock, judged_at=judged_at)
+        else:
+            run = TrialRun(trial.number, params, lookup(table, params), asked_s=clock)
         result.trials.append(run)
         live[trial.number] = (trial, run)
         result.events.append((clock, trial.number, "start"))
@@ -552,11 +637,12 @@ def replay(
         value = run.recorded.values[epoch - 1]
         run.epochs = epoch
         result.events.append((clock, number, f"epoch {epoch}"))
-        last = epoch == table.epochs
+        last = epoch == len(run.recorded.values)
+        step = epoch if run.judged_at is None else run.judged_at.get(epoch)
         if tell_diverged is not None and not math.isfinite(value):
             tell_diverged(study, trial, spec.study.direction)
             run.state = "DIVERGED"
-        elif stopper.decide(trial, epoch, value, last):
+        elif step is not None and stopper.decide(trial, step, value, last):
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             run.state = "PRUNED"
         elif last:
@@ -624,7 +710,14 @@ def _one(args: tuple[str, str, int, float, float, float, str, int]) -> dict[str,
         return spent >= horizon or any((v >= target if maximize else v <= target) for v in values)
 
     started = time.monotonic()
-    run = replay(table, spec, lookup=LOOKUPS[lookup], compute_budget=horizon, stop_when=done)
+    run = replay(
+        table,
+        spec,
+        lookup=LOOKUPS[lookup],
+        compute_budget=horizon,
+        stop_when=done,
+        restarts=name in RESTARTED,
+    )
     progress = run.progress(maximize)
     to_target = next((c for c, v, _ in progress if (v >= target if maximize else v <= target)), math.inf)
     if to_target > horizon:  # reached by a trial that started before the horizon and ended after it
@@ -663,6 +756,8 @@ def _clock_at_compute(run: Replay, compute: float) -> float:
 def compare(
     table_path: Path, names: Sequence[str], seeds: int, trials: int, lookup: str, processes: int
 ) -> dict[str, Any]:
+    table = Table.load(table_path)
+    names = [n for n in names if n not in RESTARTED or table.short]
     with ProcessPoolExecutor(processes) as pool:
         baseline = list(
             pool.map(_baseline, [(str(table_path), s, trials, lookup) for s in seed_range(seeds)])
@@ -675,7 +770,6 @@ def compare(
             for s in seed_range(seeds)
         ]
         runs = list(pool.map(_one, jobs))
-    table = Table.load(table_path)
     by_name: dict[str, list[dict[str, Any]]] = {n: [r for r in runs if r["strategy"] == n] for n in names}
     random_best = {r["seed"]: r["best_at_equal_compute"] for r in by_name.get("random", [])}
     worst = -math.inf if table.direction == "maximize" else math.inf  # nothing completed within the compute

@@ -304,3 +304,38 @@ def test_leave_one_task_out_chooses_without_the_task_and_scores_on_it() -> None:
         "b": {"chosen": "broad", "compute_to_target": 0.4, "beats_random": 0.8},
         "c": {"chosen": "narrow", "compute_to_target": None, "beats_random": 0.1},
     }
+
+
+def test_a_restarted_trial_runs_each_short_schedule_then_the_full_one_judged_at_each_end(
+    tmp_path: Path,
+) -> None:
+    # Two configurations of 9 epochs, each with complete runs of 1 and 3: the rungs of factor 3.
+    space = {"lr": {"type": "float", "low": 0.01, "high": 1.0, "log": True}}
+    low = Recorded({"lr": 0.01}, [0.1] * 9, [1.0] * 9, 5.0, 0.1)
+    high = Recorded({"lr": 1.0}, [0.2] * 8 + [0.9], [1.0] * 9, 5.0, 0.9)
+    short = {
+        1: [Recorded({"lr": 0.01}, [0.3], [1.0], 5.0, None), Recorded({"lr": 1.0}, [0.4], [1.0], 5.0, None)],
+        3: [Recorded({"lr": 0.01}, [0.1, 0.2, 0.5], [1.0] * 3, 5.0, None), None],  # high's did not complete
+    }
+    table = Table("val_accuracy", "maximize", 9, 1, space, [low, high], short=short)
+    assert replay.schedule_rungs(table) == {"min_resource": 1, "reduction_factor": 3}
+    curve, judged_at = replay.restarted(table, {"lr": 1.0}, replay.nearest_neighbour)
+    # 1 epoch (its own), 3 epochs (the nearest that completed: low's), then the 9 of the full run.
+    assert curve.values == [0.4, 0.1, 0.2, 0.5, *high.values] and len(curve.epoch_s) == 13
+    assert judged_at == {1: 1, 4: 3, 13: 9}
+    assert curve.overhead_s == 5.0 and curve.test_accuracy == 0.9  # one start-up; the full run's test
+
+    study = tmp_path / "hand.yaml"
+    study.write_text(STUDY.replace("{name: threshold, options: {lower: 0.5}}", "{name: none}"))
+    spec = replay.spec_with({"pruner": {"name": "threshold", "options": {"lower": 0.25}}}, table, 0, study)
+    run = replay.replay(table, spec, lookup=lambda t, p: high, n_trials=1, restarts=True)
+    # Another lookup than the nearest: each short run is the weighted mean of those recorded, 0.3 to
+    # 0.4 at 1 epoch, 0.5 at 3 (low's alone), above 0.25: the full run completes at 5 + 13 s.
+    [trial] = run.trials
+    assert (trial.state, trial.value, trial.end_s) == ("COMPLETE", 0.9, 18.0)
+    assert [e for _, _, e in run.events if e.startswith("epoch")] == [f"epoch {n}" for n in range(1, 14)]
+
+    with pytest.raises(ValueError, match="not rungs of one factor"):
+        replay.schedule_rungs(
+            Table("val_accuracy", "maximize", 9, 1, space, [low, high], short={2: short[1]})
+        )
