@@ -17,6 +17,7 @@ import os
 import random
 import re
 import time
+import types
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -377,6 +378,20 @@ class OutageTolerantStorage(BaseStorage):
         self._where = mask(inner.url)
         self.log = log
         self.tolerance_s = tolerance_s
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its searcher's study, this storage with it. The builtin print is pickled by
+        # its name, which fails where Ray has replaced it in a driver (and fails the Ray job): a
+        # copy goes without it and prints all the same.
+        state = self.__dict__.copy()
+        if isinstance(self.log, types.BuiltinFunctionType):
+            state["log"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.log is None:
+            self.log = print
 
     def _call(self, what: str, call: Callable[[], T]) -> T:
         return with_retries(call, what, self.log, self.tolerance_s, self._where)

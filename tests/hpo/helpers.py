@@ -203,7 +203,7 @@ def launch_in_background(study_file: Path, storage: str, *extra: str, **env: str
     return start_hpo("launch", str(study_file), "--storage", storage, *extra, **env)
 
 
-def trials_or_none(document: dict[str, Any], storage: str) -> list[Any] | None:
+def trials_or_none(document: dict[str, Any], storage: str | None = None) -> list[Any] | None:
     import optuna
     import sqlalchemy.exc
 

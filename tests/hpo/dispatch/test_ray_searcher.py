@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import builtins
 import pickle
+from pathlib import Path
 
+import optuna
 import pytest
 
+from hpo import storage
 from hpo.budget import admission
 from hpo.dispatch.ray.optuna_search import _Gate
 
@@ -26,3 +29,18 @@ def test_the_searchers_gate_pickles_after_ray_replaced_print(monkeypatch: pytest
     restored = pickle.loads(pickle.dumps(gate))
     # What a restored gate would say: nothing stops it (a relaunch builds a new one with its rules).
     assert restored.ask(None).open
+
+
+def test_the_searchers_database_storage_pickles_after_ray_replaced_print(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Seen on the local cluster: two Ray studies at once, one Ray job FAILED at Tune's experiment
+    # checkpoint, which pickles the searcher's study and its storage (its log, the builtin print).
+    tolerant = storage.OutageTolerantStorage(
+        optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    )
+    assert tolerant.log is builtins.print
+    monkeypatch.setattr(builtins, "print", lambda *args, **kwargs: None)
+    restored = pickle.loads(pickle.dumps(tolerant))
+    assert restored.log is builtins.print and restored.tolerance_s == tolerant.tolerance_s
+    assert restored.get_all_studies() == []  # a working storage
