@@ -20,7 +20,15 @@ import pytest
 from hpo import failures, record
 from hpo.budget import failing
 from hpo.config.schema import build_spec
-from tests.hpo.helpers import fault_line, final_sacct_states, load_trials, run_hpo, score_study, write_study
+from tests.hpo.helpers import (
+    fault_line,
+    final_sacct_states,
+    load_trials,
+    run_hpo,
+    score_study,
+    start_hpo,
+    write_study,
+)
 
 # A training script with its own options; prints "epoch N score X" per epoch. The trials listed in
 # --flaky fail on purpose, each its own way (transient faults: their retries, the same x under
@@ -417,14 +425,22 @@ for epoch in range(1, 3):
 def test_failures_above_some_learning_rate_never_stop_a_study_over_twelve_seeds(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(LR_SCRIPT)
     messages = ["RuntimeError: loss is nan", "RuntimeError: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"]
-    outcomes = []
+    documents = []
     for seed in range(12):
-        message = messages[seed % 2]
         document = score_study(
             tmp_path,
             f"lr-{seed}-{uuid.uuid4().hex[:6]}",
             {
-                "command": ["{python}", "train.py", "--lr", "{lr}", "--wd", "{wd}", "--message", message],
+                "command": [
+                    "{python}",
+                    "train.py",
+                    "--lr",
+                    "{lr}",
+                    "--wd",
+                    "{wd}",
+                    "--message",
+                    messages[seed % 2],
+                ],
                 "metric_pattern": PATTERN,
                 "steps": 2,
             },
@@ -438,12 +454,22 @@ def test_failures_above_some_learning_rate_never_stop_a_study_over_twelve_seeds(
             "lr": {"type": "float", "low": 0.01, "high": 1.0, "log": True},
             "wd": {"type": "float", "low": 1e-5, "high": 1e-2, "log": True},
         }
-        proc = run_hpo("launch", str(write_study(tmp_path / f"study-{seed}.yaml", document)), timeout=600)
+        documents.append(document)
+    # Four launches at a time: each mostly waits on its trials' processes.
+    outputs: list[tuple[int, str]] = []
+    for first in range(0, 12, 4):
+        launchers = [
+            start_hpo("launch", str(write_study(tmp_path / f"study-{seed}.yaml", documents[seed])))
+            for seed in range(first, first + 4)
+        ]
+        outputs += [(launcher.wait(timeout=600), launcher.communicate()[0]) for launcher in launchers]
+    outcomes = []
+    for seed, (document, (returncode, output)) in enumerate(zip(documents, outputs, strict=True)):
         trials = load_trials(document)
         failed = [t for t in trials if t.params["lr"] > 0.5]
-        outcomes.append((seed, proc.returncode, len(trials), len(failed)))
-        assert proc.returncode == 0, (seed, proc.stdout[-2000:] + proc.stderr)
-        assert "failed the same way" not in proc.stdout + proc.stderr
+        outcomes.append((seed, returncode, len(trials), len(failed)))
+        assert returncode == 0, (seed, output[-3000:])
+        assert "failed the same way" not in output
         assert len(trials) == 10, (seed, [(t.number, t.state.name) for t in trials])  # the whole budget
         assert all(t.state.name in ("COMPLETE", "PRUNED") for t in trials if t.params["lr"] <= 0.5)
         # "loss is nan" is a divergence (DIVERGED, the sampler learns from it); the crash a failure.
