@@ -311,7 +311,7 @@ def check_local_data(spec: StudySpec) -> None:
         config = TrainConfig.from_mapping(spec.trainer)
     except ConfigError as err:
         raise StudyFileError(f"{spec.source}: trainer: {err}") from None
-    if config.resolved_data_root is None:
+    if config.resolved_data_root is None and config.dataset != "synthetic":  # generated, read from nowhere
         raise StudyFileError(
             f"{spec.source}: trainer.data_root: is required for dataset {config.dataset!r}{dsdir_hint()}"
         )

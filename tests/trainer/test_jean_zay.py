@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from hpo.config.loading import load_study
+from hpo.dispatch.preflight import check_local_data
+from hpo.errors import StudyFileError
 from trainer.config import TrainConfig
 from trainer.errors import ConfigError
 from trainer.sources import check_data_available
@@ -59,3 +62,26 @@ def test_dsdir_without_imagenet_is_no_default(tmp_path: Path, monkeypatch: pytes
     with pytest.raises(ConfigError, match="data_root is required for dataset 'imagenet'") as caught:
         check_data_available(config)
     assert f"{tmp_path}/imagenet/RawImages does not exist" in str(caught.value)
+
+
+def test_local_trials_on_synthetic_data_need_no_data_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Synthetic images are generated, so the launch's data check asks for no folder (a GPU node
+    with no dataset installed runs the GPU check on them); a real dataset still needs one."""
+    monkeypatch.delenv("DSDIR", raising=False)
+    study = tmp_path / "study.yaml"
+    for dataset, refused in (("synthetic", False), ("imagefolder", True)):
+        study.write_text(
+            f"study: {{name: data, workdir: {tmp_path / 'work'}}}\n"
+            "search_space: {lr: {type: float, low: 0.01, high: 0.1}}\n"
+            f"trainer: {{dataset: {dataset}}}\nresources: {{executor: local}}\n"
+        )
+        spec = load_study(study)
+        if refused:
+            with pytest.raises(
+                StudyFileError, match=r"trainer.data_root: is required for dataset 'imagefolder'"
+            ):
+                check_local_data(spec)
+        else:
+            check_local_data(spec)
