@@ -96,9 +96,16 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     # runs of the table's short lengths, then the full run, each from scratch (``restarted``).
     "tpe+sha-restarts": {"sampler": TPE, "pruner": {"name": "successive_halving"}},
     "random+sha-restarts": {"sampler": {"name": "random"}, "pruner": {"name": "successive_halving"}},
+    # Transfer: the configurations that did well on the other recorded tasks first, then the sampler.
+    "portfolio+tpe": {"sampler": TPE, "pruner": {"name": "none"}},
+    "portfolio+default": {"sampler": None, "pruner": None},
 }  # fmt: skip
 RESTARTED = {"tpe+sha-restarts", "random+sha-restarts"}
 """Replayed on the tables that hold complete short runs only (``python bench/curves.py record-short``)."""
+PORTFOLIO_SIZE = 4
+PORTFOLIO = {"portfolio+tpe", "portfolio+default"}
+"""Strategies that try first the portfolio learned from the other recorded tasks (bench/portfolio.py),
+``PORTFOLIO_SIZE`` configurations, then their sampler."""
 
 
 # Stop rules measured here that no study file can name (not shipped: see bench/curve_pruner.py).
@@ -569,6 +576,7 @@ def replay(
     initial_trials: Sequence[optuna.trial.FrozenTrial] = (),
     tell_diverged: TellDiverged | None = None,
     restarts: bool = False,
+    enqueue: Sequence[dict[str, Any]] = (),
 ) -> Replay:
     """Run the spec's sampler and pruner against the table with max_concurrent workers.
 
@@ -579,7 +587,8 @@ def replay(
     ``tell_diverged``, a trial whose value turns non-finite ends at that epoch, the value unreported,
     and ``tell_diverged`` tells it to the study; it is DIVERGED, with no value (without
     ``tell_diverged``, a non-finite value is read as any other). With ``restarts``, each trial
-    runs the table's complete short schedules before its full one (``restarted``).
+    runs the table's complete short schedules before its full one (``restarted``). ``enqueue``:
+    parameters asked first, in order (a starting portfolio), the sampler drawing any they omit.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -591,6 +600,8 @@ def replay(
         )
     for imported in initial_trials:
         study.add_trial(imported)
+    for params in enqueue:
+        study.enqueue_trial(params, skip_if_exists=False)
     stopper = stopper_for(spec, table)
     distributions = search.distributions(spec)
     result = Replay(trials=[], events=[], study=study)
@@ -717,6 +728,7 @@ def _one(args: tuple[str, str, int, float, float, float, str, int]) -> dict[str,
         compute_budget=horizon,
         stop_when=done,
         restarts=name in RESTARTED,
+        enqueue=held_out_portfolio(table) if name in PORTFOLIO else (),
     )
     progress = run.progress(maximize)
     to_target = next((c for c, v, _ in progress if (v >= target if maximize else v <= target)), math.inf)
@@ -740,6 +752,19 @@ def _one(args: tuple[str, str, int, float, float, float, str, int]) -> dict[str,
         "progress": [(round(c / budget, 4), v) for c, v, _ in progress],
         "seconds": round(time.monotonic() - started, 2),
     }
+
+
+@functools.cache
+def _recorded() -> list[Table]:
+    return [Table.load(p) for p in recorded_tables()]
+
+
+def held_out_portfolio(table: Table) -> list[dict[str, Any]]:
+    """The portfolio learned from every recorded task but ``table``'s, as ``table``'s parameters."""
+    from bench import portfolio
+
+    entries = portfolio.learn(_recorded(), PORTFOLIO_SIZE, without=table.task)
+    return [portfolio.params_for(table, e) for e in entries]
 
 
 def _clock_at_compute(run: Replay, compute: float) -> float:
