@@ -79,21 +79,26 @@ def _replay(data: dict[str, Any], ax: Axes) -> None:
         "tpe+median",
         "ray-default",
         "ray-asha",
-        "random+hyperband",
         "tpe+sha-from-1/3",
+        "tpe+sha-restarts",
+        "portfolio+tpe",
+        "portfolio+default",
     ]
     summary = data["summary"]["strategies"]
     names = [n for n in shown if n in summary]
     ceiling = 3.0  # a target not reached within 3x random's compute is drawn above this line
     judged = [t for t in data["tasks"] if t not in data["summary"]["saturated"]]
     for i, task in enumerate(judged):
-        heights = []
-        for name in names:
+        at, heights = [], []
+        for x, name in enumerate(names):
+            if task not in summary[name]["per_task"]:
+                continue  # not run there (a restarted strategy on a task without short runs)
             value = summary[name]["per_task"][task]["compute_to_target"]
+            at.append(x + (i - (len(judged) - 1) / 2) * 0.12)
             heights.append(ceiling * 1.15 if value is None else value)
         held = "" if task != data.get("chosen_on") else " (default chosen here)"
         ax.scatter(
-            [x + (i - 1) * 0.12 for x in range(len(names))],
+            at,
             heights,
             marker="osD^v"[i % 5],
             color=f"C{i}",

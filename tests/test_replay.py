@@ -253,6 +253,16 @@ def test_a_categorical_parameter_is_scaled_by_its_place_among_the_choices() -> N
     assert table.scaled({"batch_size": 128, "lr": 1.0}) == pytest.approx([1.0, 1.0])
 
 
+def test_a_strategy_that_ran_on_some_tasks_is_summarized_over_those() -> None:
+    def result(**computes: float) -> dict[str, Any]:
+        return {"strategies": {n: {"compute_to_target": {"median": c}, "beats_random_at_equal_compute": 0.5}
+                               for n, c in computes.items()}}  # fmt: skip
+
+    summary = replay.summarize({"a": result(tpe=0.5, restarts=0.2), "b": result(tpe=0.4)})["strategies"]
+    assert set(summary["tpe"]["per_task"]) == {"a", "b"} and set(summary["restarts"]["per_task"]) == {"a"}
+    assert summary["restarts"]["worst"] == {"compute_to_target": 0.2, "beats_random": 0.5}
+
+
 def test_the_summary_takes_each_strategys_worst_task_and_its_worst_held_out_one() -> None:
     def result(compute: float | None, beats: float, saturated: bool = False) -> dict[str, Any]:
         return {"saturated": saturated,
@@ -296,6 +306,8 @@ def test_leave_one_task_out_chooses_without_the_task_and_scores_on_it() -> None:
         "narrow": {"a": cell(0.2, 0.9), "b": cell(0.2, 0.9), "c": cell(None, 0.1)},
         "broad": {"a": cell(0.4, 0.8), "b": cell(0.4, 0.8), "c": cell(0.4, 0.8)},
         "random": {"a": cell(1.0, 0.0), "b": cell(1.0, 0.0), "c": cell(1.0, 0.0)},
+        # best everywhere it ran, but it ran on a and b only (short runs recorded there): no candidate
+        "partial": {"a": cell(0.1, 1.0), "b": cell(0.1, 1.0)},
     }
     summary = {"strategies": {n: {"per_task": t} for n, t in per_task.items()}}
     folds = replay.leave_one_task_out(summary)
