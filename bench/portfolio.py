@@ -108,25 +108,12 @@ def finals(table: Table) -> np.ndarray:
     )
 
 
-_POSITIONS: dict[int, tuple[Table, np.ndarray]] = {}
-
-
-def _positions(table: Table) -> np.ndarray:
-    """Every recorded configuration's position in each parameter's range (configurations x
-    parameters, in the space's order), computed once per table."""
-    held = _POSITIONS.get(id(table))
-    if held is None or held[0] is not table:
-        matrix = np.array([[position(p, c.params[n]) for n, p in table.space.items()] for c in table.configs])
-        held = _POSITIONS[id(table)] = (table, matrix)
-    return held[1]
-
-
 def score(table: Table, entry: Entry) -> float:
     """The share of ``table``'s configurations whose final value the entry's matches or beats."""
     names = [n for n in table.space if ROLES.get(n) in entry]
     if not names:
         return 0.5  # nothing in common: as good as a median draw
-    recorded = _positions(table)[:, [list(table.space).index(n) for n in names]]
+    recorded = table.points[:, [list(table.space).index(n) for n in names]]
     distances = np.linalg.norm(recorded - np.array([entry[ROLES[n]] for n in names]), axis=1)
     values = finals(table)
     nearest = np.argsort(distances, kind="stable")[:NEIGHBOURS]

@@ -189,17 +189,14 @@ class Table:
 
     def scaled(self, params: dict[str, Any]) -> list[float]:
         """The parameters in [0, 1]: log-scaled for a log or power-of-two range."""
-        out = []
-        for name, p in self.space.items():
-            if p.get("type") == "categorical":  # its choices in their order (numbers: ascending)
-                choices = list(p["choices"])
-                out.append(choices.index(params[name]) / max(1, len(choices) - 1))
-                continue
-            low, high, value = float(p["low"]), float(p["high"]), float(params[name])
-            if p.get("log") or p.get("power_of_two"):
-                low, high, value = math.log(low), math.log(high), math.log(value)
-            out.append((value - low) / (high - low) if high > low else 0.0)
-        return out
+        from bench.portfolio import position
+
+        return [position(p, params[name]) for name, p in self.space.items()]
+
+    @property
+    def points(self) -> np.ndarray:
+        """Every recorded configuration ``scaled`` (configurations x parameters, the space's order)."""
+        return self._points
 
     def noise(self) -> list[NoiseGroup]:
         """The seed-noise residuals of the repeats (``seed_noise``), computed once."""
