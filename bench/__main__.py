@@ -7,8 +7,8 @@ Runs, one after the other (each compares its sides within its own run and prints
   against the ideal N*t/K;
 - storage: ask/report/tell throughput and errors against worker processes, per storage;
 - efficiency: random, TPE, TPE+ASHA and Ray ASHA on the real Fashion-MNIST;
-- replay: search strategies against each recorded learning-curve table, 50 seeds each (20 for
-  each other way of reading a table).
+- replay: search strategies against each recorded learning-curve table, 50 seeds each (the other
+  ways of reading a table: ``python bench/replay.py --also-lookup nearest 3-nearest``).
 
 Each one's printed output, JSON and figure land in ``bench/results/`` (or ``--out``), with
 ``run.json`` (when each ran, how long, on what machine), and ``docs/benchmarks.md`` is rewritten
@@ -61,7 +61,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str], str]] = {
         "retrained on the full training set against the published 0.949.",
     ),
     "replay": (
-        "replay.py", ["--also-lookup", "nearest", "3-nearest"], ["--seeds", "5"],
+        "replay.py", [], ["--seeds", "5"],
         "Search strategies replayed against the learning-curve tables the service recorded "
         "(bench/curves/TASK/table.json, one per task), many seeds each: the compute each needs to "
         "reach random search's median best, its best at random's compute, and that configuration's "

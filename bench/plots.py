@@ -77,12 +77,10 @@ def _replay(data: dict[str, Any], ax: Axes) -> None:
         "tpe",
         "default",
         "tpe+median",
-        "ray-default",
         "ray-asha",
-        "tpe+sha-from-1/3",
         "tpe+sha-restarts",
-        "portfolio+tpe",
-        "portfolio+default",
+        "tpe+median-from-4/9",
+        "portfolio+median-from-4/9",
     ]
     summary = data["summary"]["strategies"]
     names = [n for n in shown if n in summary]

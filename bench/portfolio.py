@@ -1,12 +1,8 @@
 """A starting portfolio learned from recorded tasks: an ordered list of configurations tried first
 on a new task, before the sampler proposes (TaskSet-style greedy portfolios).
 
-Tasks differ in their parameters' names, ranges and even optimizers (an AdamW task's learning
-rates live two decades below an SGD task's), so a configuration transfers as positions in the
-user's own ranges, not as values: a parameter's position is where its value lies in the study's
-range, in [0, 1], log-scaled where the range is (the replay's scaling). Parameters are matched by
-role (``ROLES``: ``weight_decay`` and ``wd`` are one role, ``hidden`` and ``width`` the model's
-capacity); a parameter of no role, or a role the portfolio's entry lacks, is left to the sampler.
+A configuration transfers as positions by role in the study's own ranges (``hpo.portfolio``,
+which the service reads the shipped portfolio with; the replay scales a table's points the same way).
 
 A candidate is any recorded configuration of a training task. Its score on a training task is the
 share of that task's recorded configurations whose final value it matches or beats, where its own
@@ -17,6 +13,7 @@ entries so far. Every choice is made from the training tasks alone: the task a p
 on is left out of its learning (``learn(tables, without=task)``).
 
     python bench/portfolio.py            # the portfolio learned from every recorded task
+    python bench/portfolio.py --write    # ... written to hpo/portfolio.json, the service's start
 """
 
 from __future__ import annotations
@@ -32,71 +29,25 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from hpo import portfolio as hpo_portfolio  # noqa: E402
+from hpo.portfolio import ROLES, Entry, position  # noqa: E402
+
 if TYPE_CHECKING:
     from bench.replay import Table
 
-ROLES = {
-    "lr": "lr",
-    "wd": "weight_decay",
-    "weight_decay": "weight_decay",
-    "batch_size": "batch_size",
-    "pct_start": "pct_start",
-    "hidden": "capacity",
-    "width": "capacity",
-}
-"""A parameter's role, by its name in the study file: the same role transfers between tasks."""
 NEIGHBOURS = 3
 """How many recorded configurations nearest in the shared roles predict a candidate's final value
 (as many as the replay's lookup averages)."""
 
-Entry = dict[str, float]
-"""A portfolio entry: a position in [0, 1] by role."""
-
-
-def position(param: dict[str, Any], value: Any) -> float:
-    """Where ``value`` lies in the study file's range ``param``, in [0, 1] (log-scaled for a log or
-    power-of-two range; a categorical's choices in their order)."""
-    if param.get("type") == "categorical":
-        choices = list(param["choices"])
-        return choices.index(value) / max(1, len(choices) - 1)
-    low, high, x = float(param["low"]), float(param["high"]), float(value)
-    if param.get("log") or param.get("power_of_two"):
-        low, high, x = math.log(low), math.log(high), math.log(x)
-    return (x - low) / (high - low) if high > low else 0.0
-
-
-def value_at(param: dict[str, Any], where: float) -> Any:
-    """The value of the range ``param`` at a position, one the study's distribution holds: the
-    nearest choice (categorical, power of two), an integer for an int range."""
-    where = min(1.0, max(0.0, where))
-    if param.get("type") == "categorical" or param.get("power_of_two"):
-        if param.get("type") == "categorical":
-            choices = list(param["choices"])
-        else:
-            least, most = int(param["low"]), int(param["high"])
-            choices = [
-                2**k for k in range(least.bit_length() - 1, most.bit_length()) if least <= 2**k <= most
-            ]
-        return min(choices, key=lambda c: abs(position(param, c) - where))
-    low, high = float(param["low"]), float(param["high"])
-    if param.get("log"):
-        x = math.exp(math.log(low) + where * (math.log(high) - math.log(low)))
-    else:
-        x = low + where * (high - low)
-    if param.get("type") == "int":
-        return min(int(param["high"]), max(int(param["low"]), round(x)))
-    return min(high, max(low, x))
-
 
 def entry_of(table: Table, params: dict[str, Any]) -> Entry:
     """A configuration of ``table`` as positions by role."""
-    return {ROLES[n]: position(p, params[n]) for n, p in table.space.items() if n in ROLES}
+    return {ROLES[n]: position(p, params[n]) for n, p in table.params.items() if n in ROLES}
 
 
 def params_for(table: Table, entry: Entry) -> dict[str, Any]:
-    """A portfolio entry as ``table``'s parameters: those whose role the entry has (the rest are
-    the sampler's to draw)."""
-    return {n: value_at(p, entry[ROLES[n]]) for n, p in table.space.items() if ROLES.get(n) in entry}
+    """A portfolio entry as ``table``'s parameters (``hpo.portfolio.params_for``)."""
+    return hpo_portfolio.params_for(table.params, entry)
 
 
 def finals(table: Table) -> np.ndarray:
@@ -140,14 +91,36 @@ def learn(tables: Sequence[Table], size: int, without: str | None = None) -> lis
     return chosen
 
 
-def main() -> int:
-    from bench.replay import Table, recorded_tables
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
 
+    from bench.replay import PORTFOLIO_SIZE, Table, recorded_tables
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", type=int, default=PORTFOLIO_SIZE)
+    parser.add_argument(
+        "--write", action="store_true", help=f"write {hpo_portfolio.SHIPPED.relative_to(REPO)}"
+    )
+    args = parser.parse_args(argv)
     tables = [Table.load(p) for p in recorded_tables()]
-    for i, entry in enumerate(learn(tables, size=4), 1):
+    entries = learn(tables, size=args.size)
+    shipped = []
+    for i, entry in enumerate(entries, 1):
+        scores = {t.task: round(score(t, entry), 3) for t in tables}
         cells = ", ".join(f"{role} {where:.2f}" for role, where in entry.items())
-        per_task = ", ".join(f"{t.task} {score(t, entry):.2f}" for t in tables)
-        print(f"{i}. {cells}  (scores: {per_task})")
+        print(f"{i}. {cells}  (scores: {', '.join(f'{k} {v:.2f}' for k, v in scores.items())})")
+        shipped.append({"positions": {r: round(w, 4) for r, w in entry.items()}, "scores": scores})
+    if args.write:
+        document = {
+            "learned_by": "python bench/portfolio.py --write",
+            "from_tasks": [t.task for t in tables],
+            "entries": shipped,
+        }
+        hpo_portfolio.SHIPPED.write_text(json.dumps(document, indent=1) + "\n")
+        print(f"wrote {hpo_portfolio.SHIPPED.relative_to(REPO)}")
     return 0
 
 

@@ -52,8 +52,13 @@ def study_file(task: str, strategy: str, seed: int, trials: int) -> Path:
     study = document["study"]
     if "cwd" in (document.get("objective") or {}):  # relative to the study file, which moves
         document["objective"]["cwd"] = str((source.parent / document["objective"]["cwd"]).resolve())
-    epochs = replay.Table.load(replay.CURVES / task / "table.json").epochs
-    replay.apply_strategy(study, replay.STRATEGIES[strategy], seed, epochs)
+    table = replay.Table.load(replay.CURVES / task / "table.json")
+    replay.apply_strategy(study, replay.STRATEGIES[strategy], seed, table.epochs)
+    study.pop("enqueue", None)  # the hand-picked start is not part of a strategy
+    if size := replay.strategy_spec(strategy, table, seed).study.portfolio:
+        # The portfolio the replay scores this task with, learned without it: the shipped one
+        # was learned from this task too.
+        study.update(enqueue=replay.held_out_portfolio(table, size), portfolio=0)
     name = f"check-{strategy}-s{seed}" if task == replay.CHOSEN_ON else f"check-{task}-{strategy}-s{seed}"
     study.update(
         name=name, n_trials=trials, storage=f"journal:{WORKDIR / name}.journal", workdir=str(WORKDIR / name)
@@ -93,7 +98,13 @@ def replayed(
     out = []
     for seed in replay.seed_range(seeds):
         spec = replay.strategy_spec(strategy, table, seed)
-        run = replay.replay(table, spec, lookup=replay.LOOKUPS[lookup], n_trials=trials)
+        run = replay.replay(
+            table,
+            spec,
+            lookup=replay.LOOKUPS[lookup],
+            n_trials=trials,
+            enqueue=replay.held_out_portfolio(table, spec.study.portfolio or 0),
+        )
         best = max((t for t in run.trials if t.state == "COMPLETE"), key=lambda t: t.value or 0.0)
         out.append({"best": best.value, "test_accuracy_of_best": best.recorded.test_accuracy,
                     "compute_s": run.total_compute(), "pruned": sum(t.state == "PRUNED" for t in run.trials)})  # fmt: skip

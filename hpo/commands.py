@@ -345,6 +345,7 @@ def _detach(request: Request, spec: StudySpec, storage: StorageRef) -> int:
 def _print_dry_run(spec: StudySpec, storage: StorageRef, executor: str) -> None:
     import yaml
 
+    from hpo import portfolio
     from hpo.slurm import executors
     from hpo.storage import mask
 
@@ -361,6 +362,12 @@ def _print_dry_run(spec: StudySpec, storage: StorageRef, executor: str) -> None:
     }
     print(f"# {spec.source}, resolved (workdir {spec.workdir})")
     print(yaml.safe_dump(document, sort_keys=False).rstrip())
+    if learned := portfolio.starting_trials(spec):  # shown to 4 digits; enqueued exactly
+        shown = [{k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in p.items()} for p in learned]
+        print(
+            f"# then the learned starting portfolio's {len(learned)} (hpo/portfolio.json), before the sampler:"
+        )
+        print(yaml.safe_dump(shown, sort_keys=False).rstrip())
     if executor == "slurm":
         k = spec.resources.trials_per_gpu
         what = f"job of up to {k} trials at once" if spec.resources.packed else "trial job"

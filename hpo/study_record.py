@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
-
-if TYPE_CHECKING:
-    from hpo.config import StudySpec
 
 STUDY_ATTR_DEFINITION = "hpo_definition"
 """What gives the study's values their meaning (hpo.search.definition): a relaunch is checked
@@ -134,11 +131,12 @@ def cancel_requested_at(study: optuna.Study) -> float:
     return float(study.user_attrs.get(STUDY_ATTR_CANCEL_REQUESTED_AT, 0.0))
 
 
-def enqueue_first_trials(study: optuna.Study, spec: StudySpec) -> int:
-    """Enqueue ``study.enqueue`` once per study (a relaunch must not enqueue them again)."""
-    if not spec.study.enqueue or study.user_attrs.get(STUDY_ATTR_ENQUEUED):
+def enqueue_first_trials(study: optuna.Study, first: Sequence[dict[str, Any]]) -> int:
+    """Enqueue ``first`` (the study file's enqueue, then its starting portfolio:
+    ``hpo.portfolio.first_trials``) once per study: a relaunch must not enqueue them again."""
+    if not first or study.user_attrs.get(STUDY_ATTR_ENQUEUED):
         return 0
-    for params in spec.study.enqueue:
+    for params in first:
         study.enqueue_trial(params, skip_if_exists=True)
     study.set_user_attr(STUDY_ATTR_ENQUEUED, True)
-    return len(spec.study.enqueue)
+    return len(first)

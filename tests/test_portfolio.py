@@ -4,6 +4,7 @@ portfolio, and the replay asking the portfolio first."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -16,8 +17,10 @@ import replay  # noqa: E402  (a script in bench/, imported by its file name as i
 from replay import Recorded, Table  # noqa: E402
 
 from bench import portfolio  # noqa: E402
+from hpo.config import ParamSpec  # noqa: E402
+from hpo.portfolio import position, value_at  # noqa: E402
 
-LOG_LR = {"type": "float", "low": 0.001, "high": 1.0, "log": True}
+LOG_LR = ParamSpec(type="float", low=0.001, high=1.0, log=True)
 STUDY = """\
 study:
   name: start
@@ -34,32 +37,33 @@ trainer: {model: resnet8, width: 8, dataset: fashion-mnist, epochs: 2}
 
 
 def test_a_value_goes_to_its_position_in_the_range_and_back() -> None:
-    assert portfolio.position(LOG_LR, 0.001) == 0.0 and portfolio.position(LOG_LR, 1.0) == 1.0
-    assert portfolio.position(LOG_LR, 0.03162) == pytest.approx(0.5, abs=1e-4)
-    assert portfolio.value_at(LOG_LR, 0.5) == pytest.approx(0.031623, rel=1e-4)
-    assert portfolio.value_at(LOG_LR, 1.7) == 1.0  # clipped to the range
-    powers = {"type": "int", "low": 16, "high": 128, "power_of_two": True}
-    assert [portfolio.value_at(powers, w) for w in (0.0, 0.3, 0.7, 1.0)] == [16, 32, 64, 128]
-    choices = {"type": "categorical", "choices": [32, 64, 128]}
-    assert portfolio.position(choices, 64) == 0.5 and portfolio.value_at(choices, 0.8) == 128
-    hidden = {"type": "int", "low": 16, "high": 256, "log": True}
-    assert portfolio.value_at(hidden, 0.5) == 64 and isinstance(portfolio.value_at(hidden, 0.5), int)
+    assert position(LOG_LR, 0.001) == 0.0 and position(LOG_LR, 1.0) == 1.0
+    assert position(LOG_LR, 0.03162) == pytest.approx(0.5, abs=1e-4)
+    assert value_at(LOG_LR, 0.5) == pytest.approx(0.031623, rel=1e-4)
+    assert value_at(LOG_LR, 1.7) == 1.0  # clipped to the range
+    powers = ParamSpec(type="int", low=16, high=128, power_of_two=True)
+    assert [value_at(powers, w) for w in (0.0, 0.3, 0.7, 1.0)] == [16, 32, 64, 128]
+    choices = ParamSpec(type="categorical", choices=[32, 64, 128])
+    assert position(choices, 64) == 0.5 and value_at(choices, 0.8) == 128
+    hidden = ParamSpec(type="int", low=16, high=256, log=True)
+    assert value_at(hidden, 0.5) == 64 and isinstance(value_at(hidden, 0.5), int)
 
 
 def task(name: str, best_lr: float, names: tuple[str, str] = ("lr", "wd")) -> Table:
     """A task whose final value falls with the distance of lr's position from ``best_lr``'s;
     weight decay (named ``names[1]``) does not matter. 11 x 3 configurations on a grid."""
-    space = {names[0]: LOG_LR, names[1]: {"type": "float", "low": 1e-5, "high": 0.1, "log": True}}
+    space = {names[0]: LOG_LR, names[1]: ParamSpec(type="float", low=1e-5, high=0.1, log=True)}
     configs = []
     for i in range(11):
         for j in (0.0, 0.5, 1.0):
             params = {
-                names[0]: portfolio.value_at(LOG_LR, i / 10),
-                names[1]: portfolio.value_at(space[names[1]], j),
+                names[0]: value_at(LOG_LR, i / 10),
+                names[1]: value_at(space[names[1]], j),
             }
             final = 1.0 - abs(i / 10 - best_lr)
             configs.append(Recorded(params, [final / 2, final], [1.0, 1.0], 1.0, final))
-    return Table("val_accuracy", "maximize", 2, 2, space, configs, task=name)
+    as_file = {n: {k: v for k, v in dataclasses.asdict(p).items() if v is not None} for n, p in space.items()}
+    return Table("val_accuracy", "maximize", 2, 2, as_file, configs, task=name)
 
 
 def test_the_greedy_portfolio_covers_each_tasks_best_region_and_never_sees_the_held_out_task() -> None:

@@ -180,21 +180,27 @@ def test_the_default_strategy_is_what_a_study_file_without_sampler_and_pruner_ge
     study = tmp_path / "hand.yaml"
     study.write_text(STUDY)
     default = replay.spec_with(replay.STRATEGIES["default"], table, seed=3, default_study=study)
-    # TPE with Optuna's own start-up; median stopping from ceil(4/9 x 3 epochs) = epoch 2.
+    # TPE with Optuna's own start-up after the portfolio (held out: see test_portfolio.py), no pruner.
     assert default.study.sampler == SamplerSpec(name="tpe", seed=3, options={})
-    assert default.study.pruner == PrunerSpec(name="median", options={"n_warmup_steps": 2})
+    assert default.study.pruner == PrunerSpec(name="none") and default.study.portfolio == 4
+    # The default before the portfolio: median stopping from ceil(4/9 x 3 epochs) = epoch 2.
+    before = replay.spec_with(replay.STRATEGIES["tpe+median-from-4/9"], table, seed=3, default_study=study)
+    assert before.study.pruner == PrunerSpec(name="median", options={"n_warmup_steps": 2})
+    assert before.study.portfolio == 0
     ray = replay.spec_with(replay.STRATEGIES["ray-asha"], table, seed=0, default_study=study)
     stopper = replay.stopper_for(ray, table)
     assert type(stopper.scheduler).__name__ == "AsyncHyperBandScheduler"
     assert stopper.scheduler._reduction_factor == 4  # Tune's default (its grace period, 1, as here)
     run = replay.replay(table, ray, lookup=in_ask_order(), n_trials=4)
     assert all(t.state in ("COMPLETE", "PRUNED") for t in run.trials) and len(run.trials) == 4
-    # The Ray backend's default: Tune's median stopping rule, first deciding at the epoch Optuna's
+    # The Ray backend's median: Tune's median stopping rule, first deciding at the epoch Optuna's
     # median pruner first decides at (its n_warmup_steps), not one later.
-    ray_default = replay.spec_with(replay.STRATEGIES["ray-default"], table, seed=0, default_study=study)
-    scheduler = replay.stopper_for(ray_default, table).scheduler
+    ray_median = replay.spec_with(
+        {**replay.STRATEGIES["tpe+median-from-4/9"], "backend": "ray"}, table, seed=0, default_study=study
+    )
+    scheduler = replay.stopper_for(ray_median, table).scheduler
     assert type(scheduler).__name__ == "MedianStoppingRule" and scheduler._grace_period == 2
-    run = replay.replay(table, ray_default, lookup=in_ask_order(), n_trials=4)
+    run = replay.replay(table, ray_median, lookup=in_ask_order(), n_trials=4)
     assert [t.state for t in run.trials] == ["COMPLETE"] * 4  # too few trials for a median
 
 

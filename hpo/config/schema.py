@@ -41,7 +41,13 @@ if TYPE_CHECKING:
 from hpo.config.objective_section import ObjectiveSection
 from hpo.config.resources import LauncherSection, Resources
 from hpo.config.space import ParamSpec
-from hpo.config.study_section import PRUNER_ALIAS_WHY, PRUNER_ALIASES, PrunerSpec, StudySection
+from hpo.config.study_section import (
+    DEFAULT_PORTFOLIO,
+    PRUNER_ALIAS_WHY,
+    PRUNER_ALIASES,
+    PrunerSpec,
+    StudySection,
+)
 from hpo.config.values import _NAME, _VARIABLE, METRICS, PRUNERS, RAY_ONLY_PRUNERS, _KeyProblem
 
 _Section = TypeVar("_Section")
@@ -133,15 +139,25 @@ def _section_hint(key: str) -> str | None:
     return None
 
 
-def default_pruner(max_steps: int) -> PrunerSpec:
-    """The pruner of a study file that names none: median stopping, its first decision at 4/9 of a
-    full run's steps. Replayed over three recorded tasks (bench/replay.py, 50 seeds, random
-    search's 64 trials as the yardstick), TPE with it reached random search's median best with
-    0.30x, 0.58x and 0.46x random's compute; without pruning 0.28x, 0.55x and 0.53x, from 2/3 of
-    the steps 0.29x, 0.55x and 0.48x (no choice ahead on every task and reading); Optuna's own
-    median pruner, deciding from the first step inside OneCycle's warm-up, 0.53x, 0.77x and not
-    within 3x. bench/results/replay-notes.md has the figures."""
+def median_from_four_ninths(max_steps: int) -> PrunerSpec:
+    """Median stopping whose first decision is at 4/9 of a full run's steps: the pruner of a study
+    file that gives pruner options without a name (the default before the starting portfolio)."""
     return PrunerSpec(name="median", options={"n_warmup_steps": math.ceil(4 * max_steps / 9)})
+
+
+def default_search(study_doc: dict[str, Any]) -> tuple[bool, bool]:
+    """(names no sampler, names no pruner): what gets the measured default. A study file that names
+    no sampler gets TPE after the learned starting portfolio (``hpo.portfolio``), and one that names
+    no pruner none: replayed over five recorded tasks, each held out of the portfolio it was scored
+    with (bench/replay.py, 50 seeds), that start then TPE without pruning came nearest to random
+    search's best soonest; median stopping from 4/9 of the steps after it did worse on 3 of 5 tasks,
+    and no pruner paid under OneCycle, whose mid-schedule values rank configurations poorly
+    (docs/benchmarks-explained.md)."""
+    sampler, pruner = study_doc.get("sampler"), study_doc.get("pruner")
+    return (
+        sampler is None or (isinstance(sampler, dict) and "name" not in sampler),
+        pruner is None or (isinstance(pruner, dict) and "name" not in pruner),
+    )
 
 
 def build_spec(document: dict[str, Any], source: str) -> StudySpec:
@@ -161,26 +177,29 @@ def build_spec(document: dict[str, Any], source: str) -> StudySpec:
             f"got {pruner_name!r}: that is {name!r} here ({PRUNER_ALIAS_WHY[name]}); must be one of "
             + ", ".join((*PRUNERS, *RAY_ONLY_PRUNERS)),
         )
-    # No pruner, an empty one, or options without a name (a --set of one option): the measured
-    # default, with the options given. A pruner named explicitly keeps its class's own defaults.
-    pruner_doc = study_doc.get("pruner") if isinstance(study_doc, dict) else None
-    unnamed = isinstance(study_doc, dict) and (
-        pruner_doc is None or (isinstance(pruner_doc, dict) and "name" not in pruner_doc)
+    # No pruner, an empty one, or options without a name (a --set of one option): none, or the
+    # median rule from 4/9 of the steps with the options given. A pruner named explicitly keeps
+    # its class's own defaults.
+    unnamed_sampler, unnamed_pruner = (
+        default_search(study_doc) if isinstance(study_doc, dict) else (False, False)
     )
-    if unnamed and study_doc.get("also_minimize") is not None:
+    pruner_options = (study_doc.get("pruner") or {}).get("options") if unnamed_pruner else None
+    if unnamed_pruner and not pruner_options:
+        study_doc = {**study_doc, "pruner": {**(study_doc.get("pruner") or {}), "name": "none"}}
+    elif unnamed_pruner and study_doc.get("also_minimize") is not None:
         # Optuna cannot prune a Pareto study: no pruner rather than an error.
-        study_doc = {**study_doc, "pruner": {**(pruner_doc or {}), "name": "none"}}
-        unnamed = False
+        study_doc = {**study_doc, "pruner": {"name": "none"}}
+        pruner_options = None
     spec = _build_spec(document, source, _section(StudySection, study_doc, "study"))
-    if unnamed:
-        default = default_pruner(spec.max_steps)
-        spec.study.pruner = PrunerSpec(
-            name=default.name, options={**default.options, **spec.study.pruner.options}
-        )
+    if spec.study.portfolio is None:
+        spec.study.portfolio = DEFAULT_PORTFOLIO if unnamed_sampler else 0
+    if pruner_options:
+        median = median_from_four_ninths(spec.max_steps)
+        spec.study.pruner = PrunerSpec(name=median.name, options={**median.options, **pruner_options})
         objective_doc = document.get("objective")
         if spec.objective is not None and not (isinstance(objective_doc, dict) and "steps" in objective_doc):
             spec.warnings.append(
-                f"{source}: objective.steps: not set, so the default pruner (median stopping from 4/9 of "
+                f"{source}: objective.steps: not set, so the pruner (median stopping from 4/9 of "
                 "a full run's steps) may stop a trial from its first report; set it to the step of a "
                 "full run's last report"
             )

@@ -30,6 +30,9 @@ class SamplerSpec:
     options: dict[str, Any] = field(factory=dict, help="Keyword arguments of the Optuna sampler class.")
 
 
+DEFAULT_PORTFOLIO = 4
+"""Starting-portfolio entries a study that names no sampler tries first (the size replayed)."""
+
 # Names a user may know a pruner by, from papers or Ray Tune: the name it has here, and why.
 PRUNER_ALIASES = {"asha": "successive_halving", "sha": "successive_halving", "median_stopping": "median"}
 PRUNER_ALIAS_WHY = {
@@ -46,9 +49,10 @@ class PrunerSpec:
         "median",
         f"One of {', '.join(PRUNERS)} (Optuna's pruners), or, with the Ray backend only, pbt "
         "(Ray Tune's Population Based Training; options perturbation_interval, quantile_fraction, "
-        "resample_probability, mutations). A study file whose pruner names none gets median with "
-        "n_warmup_steps at 4/9 of a full run's steps (no trial stopped before; measured by "
-        "bench/replay.py), and the options it gives; a named median keeps Optuna's defaults.",
+        "resample_probability, mutations). A study file that names no pruner gets none (measured "
+        "by bench/replay.py: under OneCycle no pruner paid); one that gives options without a "
+        "name gets median with n_warmup_steps at 4/9 of a full run's steps and those options; a "
+        "named median keeps Optuna's defaults.",
     )
     options: dict[str, Any] = field(factory=dict, help="Keyword arguments of the Optuna pruner class.")
 
@@ -186,6 +190,16 @@ class StudySection:
     )
     enqueue: list[dict[str, Any]] = field(
         factory=list, help="Parameter sets to try first (e.g. the current hand-tuned one)."
+    )
+    portfolio: int | None = field(
+        None,
+        "How many configurations of the service's learned starting portfolio (hpo/portfolio.json, "
+        "learned from the recorded tasks by bench/portfolio.py) to try after enqueue, before the "
+        "sampler: each entry's positions in this study's ranges for the parameters it has a role "
+        "for (lr or learning_rate, weight_decay or wd, batch_size, pct_start, hidden or width), the "
+        "others drawn by the sampler. Default: 4 when the study file names no sampler (the measured "
+        "default, bench/replay.py), 0 when it names one; none after a warm start.",
+        ge=0,
     )
     budget: float | None = field(
         None,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from hpo import record, study_record, warm_start
+from hpo import portfolio, record, study_record, warm_start
 from hpo.dispatch import lease, site
 from hpo.dispatch.common import LaunchOptions, LaunchSummary, Log, open_study, queue_retries, summarize
 from hpo.dispatch.per_trial import PerTrialDispatcher
@@ -53,10 +53,13 @@ def _launch_held(
     claim: lease.Lease,
 ) -> LaunchSummary:
     stored = len(record.counted_trials(study))
-    enqueued = study_record.enqueue_first_trials(study, spec)
+    first = portfolio.first_trials(study, spec)
+    enqueued = study_record.enqueue_first_trials(study, first)
+    learned = len(first) - len(spec.study.enqueue)
     log(
         f"study {spec.study.name!r} in {mask(str(storage))}: {stored} of {spec.study.n_trials} trials stored"
         + (f", {enqueued} enqueued to run first" if enqueued else "")
+        + (f" ({learned} from the learned starting portfolio)" if enqueued and learned else "")
     )
     # Failures told while no launcher watched (a trial failing after a launcher was stopped).
     queue_retries(study, spec, log)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import record, study_record, warm_start
+from hpo import portfolio, record, study_record, warm_start
 from hpo.budget import admission
 from hpo.dispatch.common import open_study
 from hpo.dispatch.ray import ddp_trial, optuna_search, population
@@ -173,7 +173,7 @@ def run(
     leftovers = fail_leftovers(study)
     study_record.clear_failing_stop(study)  # an earlier launch's verdict: this one judges its own trials
     warm_start.apply(spec, study, planned, log)
-    study_record.enqueue_first_trials(study, spec)
+    study_record.enqueue_first_trials(study, portfolio.first_trials(study, spec))
     remaining = spec.study.n_trials - record.started_count(study)
     log(f"study {spec.study.name!r}: {spec.study.n_trials - remaining} of {spec.study.n_trials} trials stored"
         + (f" ({leftovers} left running by an ended Ray job, now failed)" if leftovers else ""))  # fmt: skip

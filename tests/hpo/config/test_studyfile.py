@@ -124,33 +124,41 @@ def test_a_study_file_without_sampler_and_pruner_gets_the_measured_defaults(
     del document["study"]["sampler"], document["study"]["pruner"]
     set_key(document, steps_key, steps)
     spec = load_study(write_study(tmp_path / "s.yaml", document))
-    # TPE with Optuna's 10 start-up trials; median stopping from 4/9 of the run (bench/replay.py).
+    # TPE with Optuna's 10 start-up trials after the learned starting portfolio, no pruner
+    # (bench/replay.py).
     assert (spec.study.sampler.name, spec.study.sampler.options) == ("tpe", {})
-    assert (spec.study.pruner.name, spec.study.pruner.options) == (
-        "median",
-        {"n_warmup_steps": first_decision},
-    )
-    # A pruner section without a name (empty, or one option set with --set) is the default too,
-    # with the options given; a median named explicitly keeps Optuna's own defaults.
-    for pruner, options in (
-        (None, {"n_warmup_steps": first_decision}),
-        ({}, {"n_warmup_steps": first_decision}),
-        ({"options": {"interval_steps": 2}}, {"n_warmup_steps": first_decision, "interval_steps": 2}),
-        ({"options": {"n_warmup_steps": 1}}, {"n_warmup_steps": 1}),
-        ({"name": "median"}, {}),
+    assert spec.study.portfolio == 4 and (spec.study.pruner.name, spec.study.pruner.options) == ("none", {})
+    # A pruner section without a name: empty is the default; options alone (one option set with
+    # --set) are median stopping's from 4/9 of the run; a median named explicitly keeps Optuna's
+    # own defaults.
+    for pruner, expected in (
+        (None, ("none", {})),
+        ({}, ("none", {})),
+        (
+            {"options": {"interval_steps": 2}},
+            ("median", {"n_warmup_steps": first_decision, "interval_steps": 2}),
+        ),
+        ({"options": {"n_warmup_steps": 1}}, ("median", {"n_warmup_steps": 1})),
+        ({"name": "median"}, ("median", {})),
     ):
         document["study"]["pruner"] = pruner
         spec = load_study(write_study(tmp_path / "s.yaml", document))
-        assert (spec.study.pruner.name, spec.study.pruner.options) == ("median", options), pruner
-    del document["study"]["pruner"]
-    # A multi-objective study cannot be pruned: without a pruner it gets none, not an error.
+        assert (spec.study.pruner.name, spec.study.pruner.options) == expected, pruner
+    # A study file that names its sampler gets no portfolio unless it asks for one.
+    document["study"]["sampler"] = {"name": "tpe"}
+    assert load_study(write_study(tmp_path / "s.yaml", document)).study.portfolio == 0
+    document["study"]["portfolio"] = 2
+    assert load_study(write_study(tmp_path / "s.yaml", document)).study.portfolio == 2
+    del document["study"]["pruner"], document["study"]["portfolio"]
+    # A multi-objective study cannot be pruned: options without a name give none, not an error.
     document["study"]["also_minimize"] = "cpu_hours"
+    document["study"]["pruner"] = {"options": {"interval_steps": 2}}
     assert load_study(write_study(tmp_path / "s.yaml", document)).study.pruner.name == "none"
 
 
-def test_the_default_pruner_warns_when_an_objective_does_not_say_its_steps(tmp_path: Path) -> None:
+def test_pruner_options_without_a_name_warn_when_an_objective_does_not_say_its_steps(tmp_path: Path) -> None:
     document = base_document(tmp_path, DLOJZ)
-    del document["study"]["pruner"]
+    document["study"]["pruner"] = {"options": {"interval_steps": 1}}
     assert load_study(write_study(tmp_path / "s.yaml", document)).warnings == []  # steps: 4
     del document["objective"]["steps"]
     (warning,) = load_study(write_study(tmp_path / "s.yaml", document)).warnings
