@@ -433,7 +433,7 @@ def counted_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 def steps_mismatch(trial: optuna.trial.FrozenTrial, spec: StudySpec) -> int | None:
     """The last step a completed trial of the user's objective reported, when it is not
-    ``objective.steps`` (the step the pruners and the default pruner's warm-up take for a full
+    ``objective.steps`` (the step the pruners and an unnamed pruner's 4/9 warm-up take for a full
     run's last); None when they agree, or for the trainer (its epochs are the steps)."""
     if spec.objective is None or trial.state != optuna.trial.TrialState.COMPLETE:
         return None
