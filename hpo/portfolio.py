@@ -105,5 +105,7 @@ def starting_trials(spec: StudySpec) -> list[dict[str, Any]]:
 def first_trials(study: optuna.Study, spec: StudySpec) -> list[dict[str, Any]]:
     """What a launch enqueues to run first (``hpo.study_record.enqueue_first_trials``): the study
     file's enqueue, then, on a study with no trial yet, the portfolio's ``starting_trials``."""
-    started = bool(study.get_trials(deepcopy=False))
-    return [*spec.study.enqueue, *([] if started else starting_trials(spec))]
+    learned = starting_trials(spec)
+    if learned and study.get_trials(deepcopy=False):  # read only where there is something to add
+        learned = []
+    return [*spec.study.enqueue, *learned]
