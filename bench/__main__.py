@@ -8,7 +8,7 @@ Runs, one after the other (each compares its sides within its own run and prints
 - storage: ask/report/tell throughput and errors against worker processes, per storage;
 - efficiency: random, TPE, TPE+ASHA and Ray ASHA on the real Fashion-MNIST;
 - replay: search strategies against each recorded learning-curve table, 50 seeds each (the other
-  ways of reading a table: ``python bench/replay.py --also-lookup nearest 3-nearest``).
+  ways of reading a table: ``python -m bench.replay --also-lookup nearest 3-nearest``).
 
 Each one's printed output, JSON and figure land in ``bench/results/`` (or ``--out``), with
 ``run.json`` (when each ran, how long, on what machine), and ``docs/benchmarks.md`` is rewritten
@@ -30,38 +30,39 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
-# name: (script, its full-run arguments, its quick arguments, what the table shows)
+# name: (module, its full-run arguments, its quick arguments, what the table shows)
 BENCHMARKS: dict[str, tuple[str, list[str], list[str], str]] = {
     "throughput": (
-        "throughput.py", ["--repeats", "3"], ["--repeats", "3", "--steps", "25"],
+        "bench.throughput", ["--repeats", "3"], ["--repeats", "3", "--steps", "25"],
         "Training throughput on CPU: the trainer against the naive reference configuration and a "
         "bare loop, images/s, medians of paired repeats.",
     ),
     "dispatch": (
-        "dispatch.py", ["--trials", "32", "--seconds", "20"], ["--quick"],
+        "bench.dispatch", ["--trials", "32", "--seconds", "20"], ["--quick"],
         "Orchestration overhead on the local Slurm cluster: N trials of a fixed-duration objective "
         "at K=4, makespan against the ideal N*t/K (target at most 1.15x).",
     ),
     "storage": (
-        "storage.py", [], ["--quick"],
+        "bench.storage", [], ["--quick"],
         "Storage scale: trials/s (ask, 3 reports, tell) and errors against concurrent worker "
         "processes (target: 64 workers on PostgreSQL without an error).",
     ),
     "efficiency": (
-        "efficiency.py", [], ["--quick"],
+        "bench.efficiency", [], ["--quick"],
         "HPO efficiency on the real Fashion-MNIST: each search's best validation accuracy, that "
         "trial's accuracy on the held-out test images, the compute each search needs to reach random "
         "search's best (target: TPE+ASHA at most 1/3 of random's), and the best configuration "
         "retrained on the full training set against the published 0.949.",
     ),
     "replay": (
-        "replay.py", [], ["--seeds", "5"],
+        "bench.replay", [], ["--seeds", "5"],
         "Search strategies replayed against the learning-curve tables the service recorded "
         "(bench/curves/TASK/table.json, one per task), many seeds each: the compute each needs to "
         "reach random search's median best, its best at random's compute, and that configuration's "
@@ -72,7 +73,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str], str]] = {
 JSON_FLAG = {"throughput": "--output"}
 # Where the figures of the doc stand beside, for a GPU node this development machine lacks.
 GPU_REFERENCES = """\
-On a GPU node the same script runs unchanged with `python bench/throughput.py --preset gpu`
+On a GPU node the same script runs unchanged with `python -m bench.throughput --preset gpu`
 (ResNet-50, 224 px, bf16, channels_last, synthetic ImageNet-sized data). Published references to
 set its figure against: 2,470 images/s for PyTorch ResNet-50 training on one A100 (NVIDIA's
 Deep Learning Examples, mixed precision), and about 7,000 images/s per H100 in MLPerf Training
@@ -80,8 +81,8 @@ Deep Learning Examples, mixed precision), and about 7,000 images/s per H100 in M
 
 
 def run(name: str, quick: bool, out: Path) -> tuple[int, float]:
-    script, full, quick_args, _ = BENCHMARKS[name]
-    command = [sys.executable, str(REPO / "bench" / script), *(quick_args if quick else full),
+    module, full, quick_args, _ = BENCHMARKS[name]
+    command = [sys.executable, "-m", module, *(quick_args if quick else full),
                JSON_FLAG.get(name, "--json"), str(out / f"{name}.json")]  # fmt: skip
     print(f"== {name}: {' '.join(command[1:])}", flush=True)
     started = time.monotonic()
@@ -117,83 +118,117 @@ def machine() -> str:
 def targets(out: Path) -> list[tuple[str, str, str]]:
     """(target, what was measured, met or not) for each benchmark that has results in ``out``."""
     rows: list[tuple[str, str, str]] = []
-
-    def load(name: str) -> Any:
+    for name, rows_of in TARGET_ROWS.items():
         path = out / f"{name}.json"
-        return json.loads(path.read_text()) if path.exists() else None
-
-    def verdict(met: bool) -> str:
-        return "met" if met else "**missed**"
-
-    if throughput := load("throughput"):
-        overhead = 1 - statistics.median(throughput["ratios"]["bare"])
-        rows.append(("trainer overhead against a bare loop <= 5% (CPU), measurements on", f"{100 * overhead:+.1f}%",
-                     verdict(overhead <= 0.05)))  # fmt: skip
-        if "tb_bare" in throughput["ratios"]:
-            overhead = 1 - statistics.median(throughput["ratios"]["tb_bare"])
-            rows.append(("the same with TensorBoard event files on", f"{100 * overhead:+.1f}%",
-                         verdict(overhead <= 0.05)))  # fmt: skip
-    if dispatch := load("dispatch"):
-        by_mode = {r["mode"]: r for r in dispatch["results"]}
-        for mode, most in (("per-trial", 1.15), ("workers", 1.03), ("ray", 1.15)):
-            if r := by_mode.get(mode):
-                rows.append((f"dispatch makespan <= {most} x ideal, N={dispatch['n']}: {mode}",
-                             f"{r['ratio']:.3f}x", verdict(r["ratio"] <= most)))  # fmt: skip
-        trial, driver, array = (by_mode.get(m) for m in ("per-trial", "submitit-async", "submitit-array"))
-        if trial and driver:
-            rows.append(("per-trial jobs' makespan <= an async submitit driver's (same run)",
-                         f"{trial['ratio']:.3f}x against {driver['ratio']:.3f}x",
-                         verdict(trial["ratio"] <= driver["ratio"])))  # fmt: skip
-        if trial and array and "slurmctld_rpcs_per_trial" in trial:
-            mine, theirs = trial["slurmctld_rpcs_per_trial"], array["slurmctld_rpcs_per_trial"]
-            rows.append(("per-trial jobs' slurmctld RPCs per trial <= a submitit job array's (same run)",
-                         f"{mine:.1f} against {theirs:.1f}", verdict(mine <= theirs)))  # fmt: skip
-        if ray := by_mode.get("ray"):
-            rows.append(("the Ray backend's first trial running <= 10 s after launch",
-                         f"{ray['startup_s']:.1f} s", verdict(ray["startup_s"] <= 10)))  # fmt: skip
-        if wide := dispatch.get("wide"):
-            first = wide[0]
-            lost, doubled = sum(r["lost"] for r in wide), sum(r["doubled"] for r in wide)
-            rows.append((f"wide run (N={first['n']}, K={first['k']}, 16 nodes, {len(wide)} runs): no trial lost or doubled",
-                         f"{lost} lost, {doubled} doubled", verdict(lost == doubled == 0)))  # fmt: skip
-            peak = max(r["postgresql_connections_peak"] or 0 for r in wide)
-            rows.append((f"PostgreSQL connections at most K + 8 = {first['k'] + 8} (wide run)",
-                         f"{peak}", verdict(peak <= first["k"] + 8)))  # fmt: skip
-    if storage := load("storage"):
-        cells = [c for c in storage if c["storage"] == "postgresql"]
-        if cells:
-            top = max(cells, key=lambda c: c["workers"])
-            rows.append((f"PostgreSQL with 64 workers, no error (largest run: {top['workers']})",
-                         f"{top['errors']} errors, {top['trials_per_s']:.1f} trials/s",
-                         verdict(top["workers"] >= 64 and top["errors"] == 0)))  # fmt: skip
-    if efficiency := load("efficiency"):
-        by_search = {r["search"]: r for r in efficiency["results"]}
-        asha = by_search.get("tpe+asha")
-        if asha and "random" in by_search:
-            ratio = asha.get("ratio_to_random")
-            rows.append((f"TPE+ASHA reaches random search's best with <= 1/3 of its compute (N={efficiency['n']})",
-                         "never reached" if ratio is None else f"{ratio:.2f} x random's compute",
-                         verdict(ratio is not None and ratio <= 1 / 3)))  # fmt: skip
-        if retrained := efficiency.get("retrain"):
-            gap = efficiency["published"] - retrained["test_accuracy"]
-            rows.append((f"retrained best configuration against the published {efficiency['published']:.3f}",
-                         f"{retrained['test_accuracy']:.4f} ({retrained['epochs']} epochs), gap {gap:+.4f}",
-                         "stated"))  # fmt: skip
-    if replayed := load("replay"):
-        for scope, key in (("every task", "worst"), ("the held-out tasks", "worst_held_out")):
-            worst = replayed["summary"]["strategies"].get("default", {}).get(key)
-            if not worst:
-                continue
-            ratio, beats = worst["compute_to_target"], worst["beats_random"]
-            judged = [t for t in replayed["tasks"] if t not in replayed["summary"]["saturated"]]
-            tasks = len(judged) - (key == "worst_held_out" and replayed["chosen_on"] in judged)
-            rows.append((f"the shipped default reaches random search's median best with <= 1/3 of its compute on "
-                         f"{scope} (the worst of {tasks} judged, {len(replayed['summary']['saturated'])} saturated; replay, {replayed['lookup']} lookup, medians of {replayed['seeds']} seeds)",
-                         "never reached" if ratio is None else f"{ratio:.2f} x random's compute",
-                         verdict(ratio is not None and ratio <= 1 / 3)))  # fmt: skip
-            rows.append((f"the shipped default beats random search at equal compute in >= 80% of seeds on {scope} (the worst)",
-                         "-" if beats is None else f"{beats:.0%} of seeds", verdict(beats is not None and beats >= 0.8)))  # fmt: skip
+        if path.exists() and (result := json.loads(path.read_text())):
+            rows += rows_of(result)
     return rows
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "**missed**"
+
+
+def _throughput_rows(throughput: Any) -> list[tuple[str, str, str]]:
+    """The targets of throughput: the trainer's overhead against a bare loop."""
+    rows: list[tuple[str, str, str]] = []
+    overhead = 1 - statistics.median(throughput["ratios"]["bare"])
+    rows.append(("trainer overhead against a bare loop <= 5% (CPU), measurements on", f"{100 * overhead:+.1f}%",
+                 verdict(overhead <= 0.05)))  # fmt: skip
+    if "tb_bare" in throughput["ratios"]:
+        overhead = 1 - statistics.median(throughput["ratios"]["tb_bare"])
+        rows.append(("the same with TensorBoard event files on", f"{100 * overhead:+.1f}%",
+                     verdict(overhead <= 0.05)))  # fmt: skip
+    return rows
+
+
+def _dispatch_rows(dispatch: Any) -> list[tuple[str, str, str]]:
+    """The targets of dispatch: the makespans, the peers' and the wide run's."""
+    rows: list[tuple[str, str, str]] = []
+    by_mode = {r["mode"]: r for r in dispatch["results"]}
+    for mode, most in (("per-trial", 1.15), ("workers", 1.03), ("ray", 1.15)):
+        if r := by_mode.get(mode):
+            rows.append((f"dispatch makespan <= {most} x ideal, N={dispatch['n']}: {mode}",
+                         f"{r['ratio']:.3f}x", verdict(r["ratio"] <= most)))  # fmt: skip
+    trial, driver, array = (by_mode.get(m) for m in ("per-trial", "submitit-async", "submitit-array"))
+    if trial and driver:
+        rows.append(("per-trial jobs' makespan <= an async submitit driver's (same run)",
+                     f"{trial['ratio']:.3f}x against {driver['ratio']:.3f}x",
+                     verdict(trial["ratio"] <= driver["ratio"])))  # fmt: skip
+    if trial and array and "slurmctld_rpcs_per_trial" in trial:
+        mine, theirs = trial["slurmctld_rpcs_per_trial"], array["slurmctld_rpcs_per_trial"]
+        rows.append(("per-trial jobs' slurmctld RPCs per trial <= a submitit job array's (same run)",
+                     f"{mine:.1f} against {theirs:.1f}", verdict(mine <= theirs)))  # fmt: skip
+    if ray := by_mode.get("ray"):
+        rows.append(("the Ray backend's first trial running <= 10 s after launch",
+                     f"{ray['startup_s']:.1f} s", verdict(ray["startup_s"] <= 10)))  # fmt: skip
+    if wide := dispatch.get("wide"):
+        first = wide[0]
+        lost, doubled = sum(r["lost"] for r in wide), sum(r["doubled"] for r in wide)
+        rows.append((f"wide run (N={first['n']}, K={first['k']}, 16 nodes, {len(wide)} runs): no trial lost or doubled",
+                     f"{lost} lost, {doubled} doubled", verdict(lost == doubled == 0)))  # fmt: skip
+        peak = max(r["postgresql_connections_peak"] or 0 for r in wide)
+        rows.append((f"PostgreSQL connections at most K + 8 = {first['k'] + 8} (wide run)",
+                     f"{peak}", verdict(peak <= first["k"] + 8)))  # fmt: skip
+    return rows
+
+
+def _storage_rows(storage: Any) -> list[tuple[str, str, str]]:
+    """The targets of storage: PostgreSQL with 64 workers."""
+    rows: list[tuple[str, str, str]] = []
+    cells = [c for c in storage if c["storage"] == "postgresql"]
+    if cells:
+        top = max(cells, key=lambda c: c["workers"])
+        rows.append((f"PostgreSQL with 64 workers, no error (largest run: {top['workers']})",
+                     f"{top['errors']} errors, {top['trials_per_s']:.1f} trials/s",
+                     verdict(top["workers"] >= 64 and top["errors"] == 0)))  # fmt: skip
+    return rows
+
+
+def _efficiency_rows(efficiency: Any) -> list[tuple[str, str, str]]:
+    """The targets of efficiency: TPE+ASHA against random, and the retrained best."""
+    rows: list[tuple[str, str, str]] = []
+    by_search = {r["search"]: r for r in efficiency["results"]}
+    asha = by_search.get("tpe+asha")
+    if asha and "random" in by_search:
+        ratio = asha.get("ratio_to_random")
+        rows.append((f"TPE+ASHA reaches random search's best with <= 1/3 of its compute (N={efficiency['n']})",
+                     "never reached" if ratio is None else f"{ratio:.2f} x random's compute",
+                     verdict(ratio is not None and ratio <= 1 / 3)))  # fmt: skip
+    if retrained := efficiency.get("retrain"):
+        gap = efficiency["published"] - retrained["test_accuracy"]
+        rows.append((f"retrained best configuration against the published {efficiency['published']:.3f}",
+                     f"{retrained['test_accuracy']:.4f} ({retrained['epochs']} epochs), gap {gap:+.4f}",
+                     "stated"))  # fmt: skip
+    return rows
+
+
+def _replay_rows(replayed: Any) -> list[tuple[str, str, str]]:
+    """The targets of replay: the shipped default on every task and the held-out ones."""
+    rows: list[tuple[str, str, str]] = []
+    for scope, key in (("every task", "worst"), ("the held-out tasks", "worst_held_out")):
+        worst = replayed["summary"]["strategies"].get("default", {}).get(key)
+        if not worst:
+            continue
+        ratio, beats = worst["compute_to_target"], worst["beats_random"]
+        judged = [t for t in replayed["tasks"] if t not in replayed["summary"]["saturated"]]
+        tasks = len(judged) - (key == "worst_held_out" and replayed["chosen_on"] in judged)
+        rows.append((f"the shipped default reaches random search's median best with <= 1/3 of its compute on "
+                     f"{scope} (the worst of {tasks} judged, {len(replayed['summary']['saturated'])} saturated; replay, {replayed['lookup']} lookup, medians of {replayed['seeds']} seeds)",
+                     "never reached" if ratio is None else f"{ratio:.2f} x random's compute",
+                     verdict(ratio is not None and ratio <= 1 / 3)))  # fmt: skip
+        rows.append((f"the shipped default beats random search at equal compute in >= 80% of seeds on {scope} (the worst)",
+                     "-" if beats is None else f"{beats:.0%} of seeds", verdict(beats is not None and beats >= 0.8)))  # fmt: skip
+    return rows
+
+
+TARGET_ROWS: dict[str, Callable[[Any], list[tuple[str, str, str]]]] = {
+    "throughput": _throughput_rows,
+    "dispatch": _dispatch_rows,
+    "storage": _storage_rows,
+    "efficiency": _efficiency_rows,
+    "replay": _replay_rows,
+}
 
 
 def write_doc(out: Path, doc: Path) -> None:
@@ -249,7 +284,7 @@ def gpu_check(out: Path, doc: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result = out / "gpu.json"
     before = result.stat().st_mtime if result.exists() else None
-    command = [sys.executable, str(REPO / "bench" / "gpu.py"), "--json", str(result)]
+    command = [sys.executable, "-m", "bench.gpu", "--json", str(result)]
     proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     sys.stdout.write(proc.stdout)
     if result.exists() and result.stat().st_mtime != before:  # a GPU was there: keep its output

@@ -17,10 +17,10 @@ A task of the built-in trainer records each epoch's seconds and the held-out tes
 the trainer's own measurements; a task of the user's own command reports them as named groups
 of its ``metric_pattern``: ``seconds`` (the epoch's), and ``test`` (held-out accuracy, if any).
 
-    python bench/curves.py record --task fmnist-resnet20-9ep   # the study, the repeats, then export
-    python bench/curves.py record-short --task digits-mlp-27ep --epochs 3 9
-    python bench/curves.py export --task fmnist-resnet20-9ep   # the table from the journal as it stands
-    python bench/curves.py list                                # the tasks and what each holds
+    python -m bench.curves record --task fmnist-resnet20-9ep   # the study, the repeats, then export
+    python -m bench.curves record-short --task digits-mlp-27ep --epochs 3 9
+    python -m bench.curves export --task fmnist-resnet20-9ep   # the table from the journal as it stands
+    python -m bench.curves list                                # the tasks and what each holds
 """
 
 from __future__ import annotations
@@ -38,11 +38,10 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from hpo import record, storage
+from hpo.config import load_study
 
-from hpo import record, storage  # noqa: E402
-from hpo.config import load_study  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 HPO = str(Path(sys.executable).parent / "hpo")
 CURVES = REPO / "bench/curves"
@@ -222,7 +221,7 @@ def export(task: str) -> dict[str, Any]:
     table = {
         "task": task,
         "description": "Learning curves of random configurations, each trained to the end without "
-        f"pruning, recorded by `python bench/curves.py record --task {task}` "
+        f"pruning, recorded by `python -m bench.curves record --task {task}` "
         f"({study_file(task).relative_to(REPO)})",
         "study_file": str(study_file(task).relative_to(REPO)),
         "metric": metric,

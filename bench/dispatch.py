@@ -18,8 +18,8 @@ the per-trial dispatch latencies from the timestamps stored on the trials: asked
 trial process has started and attached) and finished -> told (result stored), plus the gap between
 one trial being told and the next being asked.
 
-    python bench/dispatch.py            # N=16, K=4, t=30 s: about 7 minutes
-    python bench/dispatch.py --quick    # N=8,  K=4, t=10 s
+    python -m bench.dispatch            # N=16, K=4, t=30 s: about 7 minutes
+    python -m bench.dispatch --quick    # N=8,  K=4, t=10 s
 """
 
 from __future__ import annotations
@@ -38,15 +38,14 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench import dispatch_peers, dispatch_wide, scheduler_load
+from hpo.config import load_study
+from hpo.dispatch.backends import LaunchOptions, launch
+from hpo.dispatch.ray.allocation import run_on_ray
+from hpo.storage import resolve_storage
+from hpo.trial.objective import FixedDurationObjective
 
-from bench import dispatch_peers, dispatch_wide, scheduler_load  # noqa: E402
-from hpo.config import load_study  # noqa: E402
-from hpo.dispatch.launch import LaunchOptions, launch  # noqa: E402
-from hpo.dispatch.ray.launch import run_on_ray  # noqa: E402
-from hpo.storage import resolve_storage  # noqa: E402
-from hpo.trial.objective import FixedDurationObjective  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def study_file(
@@ -81,28 +80,53 @@ def run_mode(mode: str, folder: Path, storage_url: str, n: int, k: int, seconds:
     name = f"bench-dispatch-{mode}-{uuid.uuid4().hex[:6]}"
     scheduler_load.reset()
     started, launched_at = time.monotonic(), time.time()
-    if mode in PEERS:
-        PEERS[mode](storage_url, name, n, k, seconds, folder / name)
-    else:
-        spec = load_study(study_file(folder, name, n, k, ray=mode == "ray"))
-        storage = resolve_storage(spec, storage_url, spec.source)
-        objective = FixedDurationObjective(seconds)
-        if mode == "ray":
-            run_on_ray(spec, storage, "slurm", objective=objective, log=lambda line: None)
-        else:
-            options = LaunchOptions(
-                executor="slurm",
-                workers=k if mode == "workers" else None,
-                objective=objective,
-                progress=False,
-            )
-            launch(spec, storage, options, log=lambda line: None)
+    _run_study(mode, folder, storage_url, name, n, k, seconds)
     makespan = time.monotonic() - started
     _let_the_last_jobs_leave()
     load = scheduler_load.read()
     trials = optuna.load_study(study_name=name, storage=storage_url).get_trials(deepcopy=False)
     trials = [t for t in trials if not t.user_attrs.get("surplus")]
     assert len(trials) == n and all(t.state.name == "COMPLETE" for t in trials), [t.state for t in trials]
+    ideal = n * seconds / k
+    timings = _latencies(mode, trials, k)
+    # Ray: when the first trial began running (finished minus its own run time) is what starting
+    # the cluster inside the job cost; the rest is Tune's scheduling.
+    first_run = timings.pop("first_run")
+    return {
+        "mode": mode,
+        "makespan_s": round(makespan, 2),
+        "ideal_s": round(ideal, 2),
+        "ratio": round(makespan / ideal, 3),
+        **timings,
+        "startup_s": round(first_run - launched_at, 2),
+        "after_startup_ratio": round((makespan - (first_run - launched_at)) / ideal, 3),
+        **load.summary(n, makespan / 60),
+    }
+
+
+def _run_study(mode: str, folder: Path, storage_url: str, name: str, n: int, k: int, seconds: float) -> None:
+    """The study of ``n`` trials of ``seconds`` each at ``k`` at once, run the ``mode``'s way."""
+    if mode in PEERS:
+        PEERS[mode](storage_url, name, n, k, seconds, folder / name)
+        return
+    spec = load_study(study_file(folder, name, n, k, ray=mode == "ray"))
+    storage = resolve_storage(spec, storage_url, spec.source)
+    objective = FixedDurationObjective(seconds)
+    if mode == "ray":
+        run_on_ray(spec, storage, "slurm", objective=objective, log=lambda line: None)
+    else:
+        options = LaunchOptions(
+            executor="slurm",
+            workers=k if mode == "workers" else None,
+            objective=objective,
+            progress=False,
+        )
+        launch(spec, storage, options, log=lambda line: None)
+
+
+def _latencies(mode: str, trials: list[Any], k: int) -> dict[str, Any]:
+    """The dispatch latencies from the trials' stamps: asked to running, finished to told, told to
+    the next asked; and ``first_run``, when the first trial began running."""
 
     def stamp(trial: Any, key: str) -> float:
         return datetime.fromisoformat(trial.user_attrs[key]).timestamp()
@@ -125,21 +149,11 @@ def run_mode(mode: str, folder: Path, storage_url: str, n: int, k: int, seconds:
     told = sorted(told_at(t) for t in trials)
     asked = sorted(asked_at(t) for t in trials)[k:]
     gaps = [a - c for a, c in zip(asked, told, strict=False)]
-    ideal = n * seconds / k
-    # Ray: when the first trial began running (finished minus its own run time) is what starting
-    # the cluster inside the job cost; the rest is Tune's scheduling.
-    first_run = min(running_from(t) for t in trials)
     return {
-        "mode": mode,
-        "makespan_s": round(makespan, 2),
-        "ideal_s": round(ideal, 2),
-        "ratio": round(makespan / ideal, 3),
         "asked_to_running_s": _summary(to_running) if to_running else None,
         "finished_to_told_s": _summary(to_told),
         "told_to_next_asked_s": _summary(gaps) if mode in ("per-trial", "ray", "submitit-async") else None,
-        "startup_s": round(first_run - launched_at, 2),
-        "after_startup_ratio": round((makespan - (first_run - launched_at)) / ideal, 3),
-        **load.summary(n, makespan / 60),
+        "first_run": min(running_from(t) for t in trials),
     }
 
 
@@ -194,22 +208,34 @@ def main() -> int:
         for mode in [m for m in args.modes.split(",") if m and m != "none"]:
             result = run_mode(mode, Path(tmp), storage_url, n, k, t)
             results.append(result)
-            gap, running = result["told_to_next_asked_s"], result["asked_to_running_s"]
-            print(
-                f"{mode:>14}: makespan {result['makespan_s']:.1f} s = {result['ratio']:.3f} x ideal"
-                + f"; slurmctld RPCs {result['slurmctld_rpcs_per_trial']:.1f} per trial"
-                + f" ({result['slurmctld_rpcs_per_min']:.0f}/min), sacct queries"
-                + f" {result['sacct_queries_per_trial']:.2f} per trial"
-                + (
-                    f"; asked->running median {running['median']:.2f} s (p90 {running['p90']:.2f})"
-                    if running
-                    else ""
-                )
-                + f"; finished->told median {result['finished_to_told_s']['median']:.3f} s"
-                + f"; first trial running after {result['startup_s']:.1f} s"
-                + f" (after it: {result['after_startup_ratio']:.3f} x ideal)"
-                + (f"; told->next asked median {gap['median']:.2f} s" if gap else "")
-            )
+            print(_result_line(mode, result))
+    _print_comparisons(results)
+
+    wide = run_wide_runs(storage_url, args.wide_trials, args.wide_concurrency, args.wide_seconds)
+    if args.json:
+        document = {"n": n, "k": k, "t": t, "results": results, "wide": wide}
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    return 0
+
+
+def _result_line(mode: str, result: dict[str, Any]) -> str:
+    """One mode's figures on one line: makespan, the controller's load, the latencies."""
+    gap, running = result["told_to_next_asked_s"], result["asked_to_running_s"]
+    return (
+        f"{mode:>14}: makespan {result['makespan_s']:.1f} s = {result['ratio']:.3f} x ideal"
+        + f"; slurmctld RPCs {result['slurmctld_rpcs_per_trial']:.1f} per trial"
+        + f" ({result['slurmctld_rpcs_per_min']:.0f}/min), sacct queries"
+        + f" {result['sacct_queries_per_trial']:.2f} per trial"
+        + (f"; asked->running median {running['median']:.2f} s (p90 {running['p90']:.2f})" if running else "")
+        + f"; finished->told median {result['finished_to_told_s']['median']:.3f} s"
+        + f"; first trial running after {result['startup_s']:.1f} s"
+        + f" (after it: {result['after_startup_ratio']:.3f} x ideal)"
+        + (f"; told->next asked median {gap['median']:.2f} s" if gap else "")
+    )
+
+
+def _print_comparisons(results: list[dict[str, Any]]) -> None:
+    """Each mode's slurmctld RPCs by type, and the makespans of the modes against each other."""
     by_mode = {result["mode"]: result["makespan_s"] for result in results}
     for result in results:
         top = ", ".join(f"{kind} {count}" for kind, count in list(result["slurmctld_by_type"].items())[:6])
@@ -219,12 +245,6 @@ def main() -> int:
     for a, b in pairs:
         if a in by_mode and b in by_mode:
             print(f"makespan ratio {a} / {b}: {by_mode[a] / by_mode[b]:.3f}")
-
-    wide = run_wide_runs(storage_url, args.wide_trials, args.wide_concurrency, args.wide_seconds)
-    if args.json:
-        document = {"n": n, "k": k, "t": t, "results": results, "wide": wide}
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
-    return 0
 
 
 def run_wide_runs(storage_url: str, n: int, k: int, t: float) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ import sqlalchemy
 from bench import scheduler_load
 from hpo import record
 from hpo.config import load_study
-from hpo.dispatch.launch import LaunchOptions, launch
+from hpo.dispatch.backends import LaunchOptions, launch
 from hpo.slurm import executors
 from hpo.storage import resolve_storage
 from hpo.trial.objective import FixedDurationObjective
@@ -100,13 +100,7 @@ def run_wide(
     cpu_after = resource.getrusage(resource.RUSAGE_SELF)
     time.sleep(5.0)  # the jobs' last RPCs
     load = scheduler_load.read()
-    if storage_url:
-        trials = optuna.load_study(study_name=name, storage=storage_url).get_trials(deepcopy=False)
-    else:
-        backend = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage.target))
-        trials = optuna.load_study(study_name=name, storage=backend).get_trials(deepcopy=False)
-    # A --workers surplus trial (asked for the last slot by two workers at once) is closed unrun.
-    trials = [t for t in trials if not t.user_attrs.get(record.ATTR_SURPLUS)]
+    trials = _stored_trials(name, storage_url, storage.target)
     complete = [t for t in trials if t.state.name == "COMPLETE"]
     jobs = _sacct_jobs(executors.job_name(spec, "" if mode == "per-trial" else "worker"))
     job_ids = [str(t.user_attrs.get(record.ATTR_JOB_ID)) for t in trials]
@@ -139,6 +133,17 @@ def run_wide(
         "sbatch_per_min": round(load.controller["REQUEST_SUBMIT_BATCH_JOB"] / minutes, 1),
         **load.summary(n, minutes),
     }
+
+
+def _stored_trials(name: str, storage_url: str | None, journal: str) -> list[optuna.trial.FrozenTrial]:
+    """The study's trials from PostgreSQL or the journal file, but a surplus one."""
+    if storage_url:
+        trials = optuna.load_study(study_name=name, storage=storage_url).get_trials(deepcopy=False)
+    else:
+        backend = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(journal))
+        trials = optuna.load_study(study_name=name, storage=backend).get_trials(deepcopy=False)
+    # A --workers surplus trial (asked for the last slot by two workers at once) is closed unrun.
+    return [t for t in trials if not t.user_attrs.get(record.ATTR_SURPLUS)]
 
 
 def wide_nodes(action: str) -> None:

@@ -17,10 +17,10 @@ Target: tpe+asha reaches random's best with at most a third of random's compute.
 The best configuration found is then trained again, on the full training set for longer, and
 its accuracy on the held-out test images is set against the published benchmark table's.
 
-    python bench/efficiency.py            # N=8, retrain 8 epochs: about 30 minutes on 2 cores
-    python bench/efficiency.py --quick    # N=3 on 8% of the training set: about 5 minutes
+    python -m bench.efficiency            # N=8, retrain 8 epochs: about 30 minutes on 2 cores
+    python -m bench.efficiency --quick    # N=3 on 8% of the training set: about 5 minutes
     # Longer trials (more rungs for ASHA: epochs 1, 3 and 9) on less data, another seed, no retrain:
-    python bench/efficiency.py --searches random tpe+asha --epochs 9 --train-fraction 0.1 \
+    python -m bench.efficiency --searches random tpe+asha --epochs 9 --train-fraction 0.1 \
         --seed 1 --retrain-epochs 0
 """
 
@@ -40,7 +40,6 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 HPO = str(Path(sys.executable).parent / "hpo")
 # Test accuracy of ResNet-18 with augmentation in Fashion-MNIST's benchmark table (zalandoresearch).
@@ -216,31 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"efficiency benchmark: N={n} ({', '.join(args.searches)}), quickstart trainer and space", flush=True
     )
-    results = []
-    with tempfile.TemporaryDirectory(prefix="hpo-bench-efficiency-") as tmp:
-        for search in args.searches:
-            result = run_search(search, n, Path(tmp), trainer, args.seed)
-            results.append(result)
-            print(f"  {search:<9} best {result['best_val_accuracy']:.4f} (test {result['best_test_accuracy']:.4f}) "
-                  f"in {result['trials']} trials "
-                  f"({result['pruned']} pruned), {result['trial_epochs']} trial-epochs, "
-                  f"{result['cpu_hours']:.3f} CPU-h, {result['wall_s']:.0f} s", flush=True)  # fmt: skip
-    baseline = next((r for r in results if r["search"] == "random"), results[0])
-    target = float(baseline["best_val_accuracy"])
-    print(f"\ntarget: {baseline['search']}'s best validation accuracy, {target:.4f}")
-    print(f"{'search':<10}{'best val':>9}{'its test':>9}{'trials':>7}{'epochs':>7}{'CPU-h':>8}"
-          f"{'CPU-h to target':>17}{'x random':>10}")  # fmt: skip
-    reference = reach(baseline, target)
-    for r in results:
-        spent = reach(r, target)
-        r["cpu_hours_to_target"] = None if spent is None else round(spent, 4)
-        ratio = f"{spent / reference:.2f}" if spent is not None and reference else "-"
-        r["ratio_to_random"] = None if ratio == "-" else float(ratio)
-        r["progress"] = progress(r)
-        shown = f"{spent:.3f}" if spent is not None else "not reached"
-        print(f"{r['search']:<10}{r['best_val_accuracy']:>9.4f}{r['best_test_accuracy']:>9.4f}{r['trials']:>7}"
-              f"{r['trial_epochs']:>7}{r['cpu_hours']:>8.3f}{shown:>17}{ratio:>10}")  # fmt: skip
-    print("(test: the best trial's accuracy on the 5,000 test images that validation never scored)")
+    results = run_searches(args.searches, n, trainer, args.seed)
+    target = score_against_random(results)
 
     retrained = None
     winner = max(results, key=lambda r: r["best_val_accuracy"])
@@ -265,6 +241,42 @@ def main(argv: list[str] | None = None) -> int:
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     return 0
+
+
+def run_searches(searches: list[str], n: int, trainer: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+    """Each search in turn, its result printed as it ends."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="hpo-bench-efficiency-") as tmp:
+        for search in searches:
+            result = run_search(search, n, Path(tmp), trainer, seed)
+            results.append(result)
+            print(f"  {search:<9} best {result['best_val_accuracy']:.4f} (test {result['best_test_accuracy']:.4f}) "
+                  f"in {result['trials']} trials "
+                  f"({result['pruned']} pruned), {result['trial_epochs']} trial-epochs, "
+                  f"{result['cpu_hours']:.3f} CPU-h, {result['wall_s']:.0f} s", flush=True)  # fmt: skip
+    return results
+
+
+def score_against_random(results: list[dict[str, Any]]) -> float:
+    """Adds to each result the compute it took to reach random search's best (and that against
+    random's own), and its progress; prints the table. The target: random's best."""
+    baseline = next((r for r in results if r["search"] == "random"), results[0])
+    target = float(baseline["best_val_accuracy"])
+    print(f"\ntarget: {baseline['search']}'s best validation accuracy, {target:.4f}")
+    print(f"{'search':<10}{'best val':>9}{'its test':>9}{'trials':>7}{'epochs':>7}{'CPU-h':>8}"
+          f"{'CPU-h to target':>17}{'x random':>10}")  # fmt: skip
+    reference = reach(baseline, target)
+    for r in results:
+        spent = reach(r, target)
+        r["cpu_hours_to_target"] = None if spent is None else round(spent, 4)
+        ratio = f"{spent / reference:.2f}" if spent is not None and reference else "-"
+        r["ratio_to_random"] = None if ratio == "-" else float(ratio)
+        r["progress"] = progress(r)
+        shown = f"{spent:.3f}" if spent is not None else "not reached"
+        print(f"{r['search']:<10}{r['best_val_accuracy']:>9.4f}{r['best_test_accuracy']:>9.4f}{r['trials']:>7}"
+              f"{r['trial_epochs']:>7}{r['cpu_hours']:>8.3f}{shown:>17}{ratio:>10}")  # fmt: skip
+    print("(test: the best trial's accuracy on the 5,000 test images that validation never scored)")
+    return target
 
 
 def retrain_best(winner: dict[str, Any], epochs: int, train_fraction: float) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 first E epochs of the full run (a prefix, what a pruner sees mid-schedule, at a high learning
 rate) against a complete run of E epochs (the whole schedule compressed, annealed at its end).
 
-For every task whose table holds complete shorter runs (``python bench/curves.py record-short``),
+For every task whose table holds complete shorter runs (``python -m bench.curves record-short``),
 and every length E among them, over the same configurations:
 
 - ``spearman``: the rank correlation of the cheap run's last value with the full run's last value;
@@ -84,7 +84,7 @@ def main() -> int:
             results.append(measure(table))
     if not results:
         print(
-            "no table holds complete shorter runs: python bench/curves.py record-short --task T --epochs E ..."
+            "no table holds complete shorter runs: python -m bench.curves record-short --task T --epochs E ..."
         )
         return 1
     print(

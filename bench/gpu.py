@@ -1,7 +1,7 @@
 """Every GPU path of the service, checked in one command on a GPU node in under ten minutes.
 
     python -m bench gpu            # or: make gpu-check
-    python bench/gpu.py --rehearse-on-cpu   # the same checks, tiny, on CPU (what the tests run)
+    python -m bench.gpu --rehearse-on-cpu   # the same checks, tiny, on CPU (what the tests run)
 
 No network is needed. Each check prints one line, ``ok`` with its figures or what failed:
 
@@ -41,11 +41,10 @@ from typing import Any
 import torch
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.throughput import PRESETS, bare_loop_throughput, trainer_throughput
+from trainer import TrainConfig
 
-from bench.throughput import PRESETS, bare_loop_throughput, trainer_throughput  # noqa: E402
-from trainer import TrainConfig  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 PUBLISHED = {"NVIDIA DLE, A100, AMP": 2470.0, "timm, channels_last": 2600.0}
 """Published ResNet-50 training images/s on one A100 (the figures the check is set against)."""

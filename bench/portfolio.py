@@ -12,8 +12,8 @@ entry the candidate that most raises the mean, over the training tasks, of the b
 entries so far. Every choice is made from the training tasks alone: the task a portfolio is scored
 on is left out of its learning (``learn(tables, without=task)``).
 
-    python bench/portfolio.py            # the portfolio learned from every recorded task
-    python bench/portfolio.py --write    # ... written to hpo/portfolio.json, the service's start
+    python -m bench.portfolio            # the portfolio learned from every recorded task
+    python -m bench.portfolio --write    # ... written to hpo/portfolio.json, the service's start
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from hpo import portfolio as hpo_portfolio
+from hpo.portfolio import ROLES, Entry, position
 
-from hpo import portfolio as hpo_portfolio  # noqa: E402
-from hpo.portfolio import ROLES, Entry, position  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 if TYPE_CHECKING:
-    from bench.replay import Table
+    from bench.replay_table import Table
 
 NEIGHBOURS = 3
 """How many recorded configurations nearest in the shared roles predict a candidate's final value
@@ -95,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    from bench.replay import PORTFOLIO_SIZE, Table, recorded_tables
+    from bench.replay_strategies import PORTFOLIO_SIZE
+    from bench.replay_table import Table, recorded_tables
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         shipped.append({"positions": {r: round(w, 4) for r, w in entry.items()}, "scores": scores})
     if args.write:
         document = {
-            "learned_by": "python bench/portfolio.py --write",
+            "learned_by": "python -m bench.portfolio --write",
             "from_tasks": [t.task for t in tables],
             "entries": shipped,
         }

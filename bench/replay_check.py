@@ -8,9 +8,9 @@ same trial budget over many seeds; for each real run the check prints where its 
 held-out test accuracy and its compute fall in the replay's distribution (the percentile), and
 whether each lies within the replay's range.
 
-    python bench/replay_check.py                     # default and random, seeds 1 and 2, 24 trials
-    python bench/replay_check.py --task dlojz-cnn-12ep   # on a task the default was not chosen on
-    python bench/replay_check.py --only-replay       # the comparison again, from the runs recorded
+    python -m bench.replay_check                     # default and random, seeds 1 and 2, 24 trials
+    python -m bench.replay_check --task dlojz-cnn-12ep   # on a task the default was not chosen on
+    python -m bench.replay_check --only-replay       # the comparison again, from the runs recorded
 """
 
 from __future__ import annotations
@@ -28,38 +28,40 @@ from typing import Any
 import optuna
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.replay import noise_floor, rank_correlation
+from bench.replay_simulation import replay
+from bench.replay_strategies import STRATEGIES, apply_strategy, held_out_portfolio, seed_range, strategy_spec
+from bench.replay_table import CHOSEN_ON, CURVES, LOOKUPS, Table
+from hpo import record, storage
+from hpo.config import load_study
+from trainer.yamlfile import load_yaml_mapping
 
-from bench import replay  # noqa: E402
-from hpo import record, storage  # noqa: E402
-from hpo.config import load_study  # noqa: E402
-from trainer.yamlfile import load_yaml_mapping  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 WORKDIR = REPO / "runs/replay-check"
 
 
 def result_path(task: str) -> Path:
     """The first task's check keeps its historical name; another task's is named after it."""
-    name = "replay-check" if task == replay.CHOSEN_ON else f"replay-check-{task}"
+    name = "replay-check" if task == CHOSEN_ON else f"replay-check-{task}"
     return REPO / f"bench/results/{name}.json"
 
 
 def study_file(task: str, strategy: str, seed: int, trials: int) -> Path:
     """The recording's study with the strategy's sampler and pruner, as the replay builds them."""
-    source = replay.CURVES / task / "study.yaml"
+    source = CURVES / task / "study.yaml"
     document = load_yaml_mapping(source)
     study = document["study"]
     if "cwd" in (document.get("objective") or {}):  # relative to the study file, which moves
         document["objective"]["cwd"] = str((source.parent / document["objective"]["cwd"]).resolve())
-    table = replay.Table.load(replay.CURVES / task / "table.json")
-    replay.apply_strategy(study, replay.STRATEGIES[strategy], seed, table.epochs)
+    table = Table.load(CURVES / task / "table.json")
+    apply_strategy(study, STRATEGIES[strategy], seed, table.epochs)
     study.pop("enqueue", None)  # the hand-picked start is not part of a strategy
-    if size := replay.strategy_spec(strategy, table, seed).study.portfolio:
+    if size := strategy_spec(strategy, table, seed).study.portfolio:
         # The portfolio the replay scores this task with, learned without it: the shipped one
         # was learned from this task too.
-        study.update(enqueue=replay.held_out_portfolio(table, size), portfolio=0)
-    name = f"check-{strategy}-s{seed}" if task == replay.CHOSEN_ON else f"check-{task}-{strategy}-s{seed}"
+        study.update(enqueue=held_out_portfolio(table, size), portfolio=0)
+    name = f"check-{strategy}-s{seed}" if task == CHOSEN_ON else f"check-{task}-{strategy}-s{seed}"
     study.update(
         name=name, n_trials=trials, storage=f"journal:{WORKDIR / name}.journal", workdir=str(WORKDIR / name)
     )
@@ -92,18 +94,16 @@ def outcome(path: Path) -> dict[str, Any]:
     }
 
 
-def replayed(
-    strategy: str, seeds: int, trials: int, table: replay.Table, lookup: str
-) -> list[dict[str, Any]]:
+def replayed(strategy: str, seeds: int, trials: int, table: Table, lookup: str) -> list[dict[str, Any]]:
     out = []
-    for seed in replay.seed_range(seeds):
-        spec = replay.strategy_spec(strategy, table, seed)
-        run = replay.replay(
+    for seed in seed_range(seeds):
+        spec = strategy_spec(strategy, table, seed)
+        run = replay(
             table,
             spec,
-            lookup=replay.LOOKUPS[lookup],
+            lookup=LOOKUPS[lookup],
             n_trials=trials,
-            enqueue=replay.held_out_portfolio(table, spec.study.portfolio or 0),
+            enqueue=held_out_portfolio(table, spec.study.portfolio or 0),
         )
         best = max((t for t in run.trials if t.state == "COMPLETE"), key=lambda t: t.value or 0.0)
         out.append({"best": best.value, "test_accuracy_of_best": best.recorded.test_accuracy,
@@ -112,7 +112,7 @@ def replayed(
 
 
 def lookup_error(
-    task: str, strategies: list[str], seeds: list[int], trials: int, table: replay.Table
+    task: str, strategies: list[str], seeds: list[int], trials: int, table: Table
 ) -> dict[str, Any]:
     """Each real trial that ran every epoch, its last value against what each lookup gives for
     its parameters: how far the replay's curves are from a new training run of the same point."""
@@ -128,15 +128,15 @@ def lookup_error(
                       if t.state.name == "COMPLETE" and t.value is not None]  # fmt: skip
     out: dict[str, Any] = {
         "trials": len(pairs),
-        "seed_sd_median": replay.noise_floor(table)["seed_sd_median"],
+        "seed_sd_median": noise_floor(table)["seed_sd_median"],
     }
-    for name, lookup in replay.LOOKUPS.items():
+    for name, lookup in LOOKUPS.items():
         predicted = [lookup(table, params).values[-1] for params, _ in pairs]
         errors = [p - real for p, (_, real) in zip(predicted, pairs, strict=True)]
         out[name] = {
             "rmse": round(math.sqrt(sum(e * e for e in errors) / len(errors)), 4),
             "mean_error": round(sum(errors) / len(errors), 4),
-            "rank_correlation": round(replay.rank_correlation(predicted, [r for _, r in pairs]), 3),
+            "rank_correlation": round(rank_correlation(predicted, [r for _, r in pairs]), 3),
         }  # fmt: skip
         print(f"{name} lookup against {len(pairs)} real trials' last epoch: RMSE {out[name]['rmse']:.4f}, "
               f"mean error {out[name]['mean_error']:+.4f}, rank correlation {out[name]['rank_correlation']:.3f} "
@@ -151,7 +151,7 @@ def machine_speed(result: dict[str, Any]) -> dict[str, Any]:
     are ratios to random search's compute."""
     real_random = statistics.median(run["compute_s"] for run in result["strategies"]["random"]["real"])
     out: dict[str, Any] = {"real_random_s": real_random, "strategies": {}}
-    for lookup in replay.LOOKUPS:
+    for lookup in LOOKUPS:
         replay_random = statistics.median(
             s["compute_s"] for s in result["strategies"]["random"]["replay"][lookup]
         )
@@ -180,19 +180,35 @@ def percentile(value: float, sample: list[float]) -> float:
     return below / len(sample)
 
 
+def _against_replay(run: dict[str, Any], sample: list[dict[str, Any]]) -> str:
+    """One real run's figures, each with its percentile in the replay's sample of the same settings."""
+    cells = []
+    for key, digits in (
+        ("best", 4),
+        ("test_accuracy_of_best", 4),
+        ("compute_s", 0),
+        ("pruned", 0),
+    ):
+        values = [s[key] for s in sample if s[key] is not None]
+        if run[key] is None or not values:  # a task without a held-out split
+            continue
+        inside = min(values) <= run[key] <= max(values)
+        cells.append(f"{key} {run[key]:.{digits}f} (replay percentile {percentile(run[key], values):.0%}"
+                     f"{'' if inside else ', OUTSIDE the range'})")  # fmt: skip
+    return f"  real seed {run['seed']}: {run['trials']} trials, {run['pruned']} pruned; " + "; ".join(cells)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--strategies", nargs="+", default=["default", "random"], choices=list(replay.STRATEGIES)
-    )
+    parser.add_argument("--strategies", nargs="+", default=["default", "random"], choices=list(STRATEGIES))
     # Not seed 0: the recording ran random sampling from seed 0, so random search's seed 0, and
     # TPE's start-up draws from it, would propose the recorded configurations again, and the
     # training, itself seeded, would repeat the recorded curves to the last digit.
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--trials", type=int, default=24)
-    parser.add_argument("--task", default=replay.CHOSEN_ON, help="a recorded task (bench/curves/TASK)")
+    parser.add_argument("--task", default=CHOSEN_ON, help="a recorded task (bench/curves/TASK)")
     parser.add_argument("--replay-seeds", type=int, default=50)
     parser.add_argument("--only-replay", action="store_true", help="compare the runs already recorded")
     args = parser.parse_args(argv)
@@ -200,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(
             ["bash", str(REPO / "deploy/local-cluster/up.sh")], check=True, stdout=subprocess.DEVNULL
         )
-    table = replay.Table.load(replay.CURVES / args.task / "table.json")
+    table = Table.load(CURVES / args.task / "table.json")
     result: dict[str, Any] = {
         "task": args.task,
         "trials": args.trials,
@@ -217,30 +233,14 @@ def main(argv: list[str] | None = None) -> int:
                 )
             real.append({"seed": seed, **outcome(path)})
         result["strategies"][strategy] = {"real": real, "replay": {}}
-        for lookup in replay.LOOKUPS:
+        for lookup in LOOKUPS:
             sample = replayed(strategy, args.replay_seeds, args.trials, table, lookup)
             result["strategies"][strategy]["replay"][lookup] = sample
             print(f"{strategy}, {args.trials} trials; replay ({lookup} lookup) over {args.replay_seeds} seeds: "
                   f"best {min(s['best'] for s in sample):.4f}..{max(s['best'] for s in sample):.4f}, "
                   f"compute {min(s['compute_s'] for s in sample) / 3600:.3f}..{max(s['compute_s'] for s in sample) / 3600:.3f} CPU-h")  # fmt: skip
             for run in real:
-                cells = []
-                for key, digits in (
-                    ("best", 4),
-                    ("test_accuracy_of_best", 4),
-                    ("compute_s", 0),
-                    ("pruned", 0),
-                ):
-                    values = [s[key] for s in sample if s[key] is not None]
-                    if run[key] is None or not values:  # a task without a held-out split
-                        continue
-                    inside = min(values) <= run[key] <= max(values)
-                    cells.append(f"{key} {run[key]:.{digits}f} (replay percentile {percentile(run[key], values):.0%}"
-                                 f"{'' if inside else ', OUTSIDE the range'})")  # fmt: skip
-                print(
-                    f"  real seed {run['seed']}: {run['trials']} trials, {run['pruned']} pruned; "
-                    + "; ".join(cells)
-                )
+                print(_against_replay(run, sample))
     if "random" in result["strategies"]:
         result["machine_speed"] = machine_speed(result)
     result["lookup_error"] = lookup_error(args.task, args.strategies, args.seeds, args.trials, table)

@@ -31,9 +31,9 @@ median best after ``--trials`` trials). The share of trials in the diverging reg
 the trials asked within random search's median total compute: random search's share is the
 region's volume; lower means the sampler learned to avoid it.
 
-    python bench/replay_divergence.py               # 3 tasks, 50 seeds, 2 processes: 15 minutes on 2 shared cores
-    python bench/replay_divergence.py --seeds 5     # a smoke run
-    python bench/replay_divergence.py --tables-only # the tables again from the saved runs
+    python -m bench.replay_divergence               # 3 tasks, 50 seeds, 2 processes: 15 minutes on 2 shared cores
+    python -m bench.replay_divergence --seeds 5     # a smoke run
+    python -m bench.replay_divergence --tables-only # the tables again from the saved runs
 """
 
 from __future__ import annotations
@@ -52,29 +52,14 @@ from typing import Any
 
 import optuna
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from bench.replay import clock_at_compute
+from bench.replay_simulation import Replay, TellDiverged, TrialRun, replay
+from bench.replay_strategies import seed_range, strategy_spec
+from bench.replay_summary import leave_one_task_out, per_task_figures, quartiles, worst_figures
+from bench.replay_table import LOOKUPS, Lookup, Recorded, Table, recorded_tables
+from hpo import record
 
-from bench.replay import (  # noqa: E402
-    LOOKUPS,
-    Lookup,
-    Recorded,
-    Replay,
-    Table,
-    TellDiverged,
-    TrialRun,
-    _clock_at_compute,
-    _quartiles,
-    leave_one_task_out,
-    per_task_figures,
-    recorded_tables,
-    replay,
-    seed_range,
-    strategy_spec,
-    worst_figures,
-)
-from hpo import record  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DIVERGING_SHARE = 0.2
 """The share of the learning rate's log range, from the top, whose configurations diverge."""
@@ -212,7 +197,7 @@ def _one(args: tuple[str, str | None, int, float, float, float, str]) -> dict[st
     if to_target > horizon:
         to_target = math.inf
     within = [(c, v) for c, v, _ in progress if c <= budget]
-    clock = _clock_at_compute(run, budget)
+    clock = clock_at_compute(run, budget)
     asked = [t for t in run.trials if t.asked_s < clock]
     after_startup = [t for t in asked if t.number >= STARTUP]
 
@@ -300,12 +285,12 @@ def strategies_from(runs: list[dict[str, Any]], names: Sequence[str], worst: flo
             "trials": statistics.median(r["trials"] for r in rows),
             "pruned": statistics.median(r["pruned"] for r in rows),
             "diverged": statistics.median(r["diverged"] for r in rows),
-            "compute_to_target": _quartiles([r["compute_to_target"] for r in rows]),
-            "best_at_equal_compute": _quartiles([r["best_at_equal_compute"] for r in rows], worst),
+            "compute_to_target": quartiles([r["compute_to_target"] for r in rows]),
+            "best_at_equal_compute": quartiles([r["best_at_equal_compute"] for r in rows], worst),
             "beats_random_at_equal_compute": round(sum(beats) / len(beats), 3),
-            "diverging_share": _quartiles([r["diverging_share"] for r in rows]),
+            "diverging_share": quartiles([r["diverging_share"] for r in rows]),
             "diverging_share_mean": round(statistics.mean(r["diverging_share"] for r in rows), 4),
-            "diverging_share_after_startup": _quartiles([r["diverging_share_after_startup"] for r in rows]),
+            "diverging_share_after_startup": quartiles([r["diverging_share_after_startup"] for r in rows]),
         }
         if name in (label(None), label(REFERENCE)) or not reference:
             continue

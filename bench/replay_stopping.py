@@ -25,6 +25,7 @@ compute for ``--trials`` trials, as ``bench/replay.py`` does.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -38,30 +39,17 @@ from typing import Any
 
 import optuna
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from bench.replay import noise_floor, random_baseline
+from bench.replay_simulation import Replay, TrialRun, replay
+from bench.replay_strategies import STRATEGIES, seed_range, spec_with, strategy_spec
+from bench.replay_summary import quartiles
+from bench.replay_table import LOOKUPS, TABLE, Lookup, Table, noisy_k_nearest
+from hpo import record, search
+from hpo.budget.stopping import patience_verdict, terminator_bound
+from hpo.config import StudySpec
+from hpo.config.study_section import StopSpec
 
-from bench.replay import (  # noqa: E402
-    LOOKUPS,
-    STRATEGIES,
-    TABLE,
-    Replay,
-    Table,
-    TrialRun,
-    _baseline,
-    _quartiles,
-    noise_floor,
-    noisy_k_nearest,
-    replay,
-    seed_range,
-    spec_with,
-    strategy_spec,
-)
-from hpo import record, search  # noqa: E402
-from hpo.budget.stopping import patience_verdict, terminator_bound  # noqa: E402
-from hpo.config import StudySpec  # noqa: E402
-from hpo.config.study_section import StopSpec  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 STRATEGY = "tpe+median-from-4/9"  # the default when these were measured
 SOURCE_SEED = 1000
@@ -166,33 +154,60 @@ def _seed(args: tuple[str, int, str, int, float, float, float, float]) -> dict[s
     table_path, seed, lookup_name, horizon_trials, noise, target, budget, horizon_compute = args
     started = time.monotonic()
     table = Table.load(Path(table_path))
-    lookup = LOOKUPS[lookup_name]
     spec = strategy_spec(STRATEGY, table, seed)
-    maximize = spec.study.direction == "maximize"
+    one = _Seed(table, spec, LOOKUPS[lookup_name], target, budget, horizon_compute)
+    rules = one.rules(noise, horizon_trials)
+    starts = one.starts(seed)
+    return {"seed": seed, "rules": rules, "starts": starts, "seconds": round(time.monotonic() - started, 2)}
 
-    def hit(value: float) -> bool:
-        return value >= target if maximize else value <= target
 
-    rules: dict[str, Any] = {}
-    for name, rule in stop_rules(noise).items():
-        watch = RuleWatch(rule, spec) if rule is not None else None
-        run = replay(table, spec, lookup=lookup, n_trials=horizon_trials, stop_when=watch)
-        best = _best(run, maximize)
-        rules[name] = {
-            "trials": len(run.trials),
-            "pruned": sum(1 for t in run.trials if t.state == "PRUNED"),
-            "fired": watch is not None and watch.reason is not None,
-            "reason": watch.reason if watch else None,
-            "finished_at_stop": watch.finished_at_stop if watch else None,
-            "compute": run.total_compute() / budget,
-            "best": best,
-            "reached_target": best is not None and hit(best),
-            "terminator": [(n, round(b, 5), round(e, 6)) for n, b, e in watch.evaluations] if watch else [],
-        }
+@dataclasses.dataclass(frozen=True)
+class _Seed:
+    """One sampler seed's study settings, shared by its stop-rule studies and its starts."""
 
-    def to_target(initial: Sequence[optuna.trial.FrozenTrial], spec: StudySpec = spec) -> dict[str, Any]:
+    table: Table
+    spec: StudySpec
+    lookup: Lookup
+    target: float
+    budget: float
+    """Random search's median total compute."""
+    horizon_compute: float
+
+    @property
+    def maximize(self) -> bool:
+        return self.spec.study.direction == "maximize"
+
+    def hit(self, value: float) -> bool:
+        return value >= self.target if self.maximize else value <= self.target
+
+    def rules(self, noise: float, horizon_trials: int) -> dict[str, Any]:
+        """Each stop rule's study of ``horizon_trials`` trials: whether and when the rule stopped it."""
+        rules: dict[str, Any] = {}
+        for name, rule in stop_rules(noise).items():
+            watch = RuleWatch(rule, self.spec) if rule is not None else None
+            run = replay(self.table, self.spec, lookup=self.lookup, n_trials=horizon_trials, stop_when=watch)
+            best = _best(run, self.maximize)
+            rules[name] = {
+                "trials": len(run.trials),
+                "pruned": sum(1 for t in run.trials if t.state == "PRUNED"),
+                "fired": watch is not None and watch.reason is not None,
+                "reason": watch.reason if watch else None,
+                "finished_at_stop": watch.finished_at_stop if watch else None,
+                "compute": run.total_compute() / self.budget,
+                "best": best,
+                "reached_target": best is not None and self.hit(best),
+                "terminator": [(n, round(b, 5), round(e, 6)) for n, b, e in watch.evaluations]
+                if watch
+                else [],
+            }
+        return rules
+
+    def to_target(
+        self, initial: Sequence[optuna.trial.FrozenTrial], spec: StudySpec | None = None
+    ) -> dict[str, Any]:
         """As bench/replay.py's main reading: on until random's compute is spent and the target
         reached, or 3x random's compute; the compute at the first own trial that reached it."""
+        budget, horizon_compute, hit = self.budget, self.horizon_compute, self.hit
 
         def done(run: Replay, spent: float) -> bool:
             if spent < budget:
@@ -200,9 +215,14 @@ def _seed(args: tuple[str, int, str, int, float, float, float, float]) -> dict[s
             return spent >= horizon_compute or any(hit(t.value) for t in run.trials if t.value is not None)
 
         run = replay(
-            table, spec, lookup=lookup, compute_budget=horizon_compute, stop_when=done, initial_trials=initial
+            self.table,
+            self.spec if spec is None else spec,
+            lookup=self.lookup,
+            compute_budget=horizon_compute,
+            stop_when=done,
+            initial_trials=initial,
         )
-        progress = run.progress(maximize)
+        progress = run.progress(self.maximize)
         reached = next((c for c, v, _ in progress if hit(v)), math.inf)
         within = [v for c, v, _ in progress if c <= budget]
         asked = [t for t in run.trials if run.compute_at(t.asked_s) < budget]  # within random's compute
@@ -215,32 +235,36 @@ def _seed(args: tuple[str, int, str, int, float, float, float, float]) -> dict[s
             "best_at_equal_compute": within[-1] if within else None,
         }
 
-    starts = {"cold": to_target(())}
-    source_spec = strategy_spec(STRATEGY, table, SOURCE_SEED + seed)
-    other_draw = functools.partial(noisy_k_nearest, draw=1)  # another training seed's noise
-    distributions = search.distributions(spec)
-    for size in WARM_SIZES:
-        source = replay(table, source_spec, lookup=other_draw, n_trials=size)
-        imported = [
-            optuna.trial.create_trial(
-                state=optuna.trial.TrialState.COMPLETE,
-                params=t.params,
-                distributions=distributions,
-                value=t.value,
-                user_attrs={record.ATTR_IMPORTED_FROM: f"replay seed {SOURCE_SEED + seed}"},
-            )
-            for t in source.trials
-            if t.state == "COMPLETE"
-        ]
-        starts[f"warm, {size} trials"] = to_target(imported)
-        # The median pruner counts the imported trials towards its n_startup_trials (5), though they
-        # have no intermediate values: it starts pruning after fewer trials of this study. The same
-        # warm start with the start-up counted on this study's own trials tells what that costs.
-        pruner = {"name": "median", "options": {**spec.study.pruner.options,
-                                                "n_startup_trials": PRUNER_STARTUP + len(imported)}}  # fmt: skip
-        own_startup = spec_with({**STRATEGIES[STRATEGY], "pruner": pruner}, table, seed)
-        starts[f"warm, {size}, own start-up"] = to_target(imported, own_startup)
-    return {"seed": seed, "rules": rules, "starts": starts, "seconds": round(time.monotonic() - started, 2)}
+    def starts(self, seed: int) -> dict[str, Any]:
+        """The cold start, then warm starts from an earlier study of each of ``WARM_SIZES``."""
+        table, spec = self.table, self.spec
+        starts = {"cold": self.to_target(())}
+        source_spec = strategy_spec(STRATEGY, table, SOURCE_SEED + seed)
+        other_draw = functools.partial(noisy_k_nearest, draw=1)  # another training seed's noise
+        distributions = search.distributions(spec)
+        for size in WARM_SIZES:
+            source = replay(table, source_spec, lookup=other_draw, n_trials=size)
+            imported = [
+                optuna.trial.create_trial(
+                    state=optuna.trial.TrialState.COMPLETE,
+                    params=t.params,
+                    distributions=distributions,
+                    value=t.value,
+                    user_attrs={record.ATTR_IMPORTED_FROM: f"replay seed {SOURCE_SEED + seed}"},
+                )
+                for t in source.trials
+                if t.state == "COMPLETE"
+            ]
+            starts[f"warm, {size} trials"] = self.to_target(imported)
+            # The median pruner counts the imported trials towards its n_startup_trials (5), though
+            # they have no intermediate values: it starts pruning after fewer trials of this study.
+            # The same warm start with the start-up counted on this study's own trials tells what
+            # that costs.
+            pruner = {"name": "median", "options": {**spec.study.pruner.options,
+                                                    "n_startup_trials": PRUNER_STARTUP + len(imported)}}  # fmt: skip
+            own_startup = spec_with({**STRATEGIES[STRATEGY], "pruner": pruner}, table, seed)
+            starts[f"warm, {size}, own start-up"] = self.to_target(imported, own_startup)
+        return starts
 
 
 def _share(flags: Sequence[bool]) -> float:
@@ -264,10 +288,10 @@ def summarize(runs: list[dict[str, Any]], noise: float, maximize: bool) -> dict[
             ),
             "fired": _share([ours["fired"] for ours, _ in rows]),
             "trials": statistics.median(ours["trials"] for ours, _ in rows),
-            "compute": _quartiles([ours["compute"] for ours, _ in rows]),
-            "compute_vs_none": _quartiles([ours["compute"] / free["compute"] for ours, free in rows]),
-            "best": _quartiles([ours["best"] for ours, _ in rows], worst),
-            "loss_vs_none": _quartiles(losses),
+            "compute": quartiles([ours["compute"] for ours, _ in rows]),
+            "compute_vs_none": quartiles([ours["compute"] / free["compute"] for ours, free in rows]),
+            "best": quartiles([ours["best"] for ours, _ in rows], worst),
+            "loss_vs_none": quartiles(losses),
             "loss_above_noise": _share([loss > noise for loss in losses]),
             "reached_target": _share([ours["reached_target"] for ours, _ in rows]),
         }
@@ -281,13 +305,13 @@ def summarize(runs: list[dict[str, Any]], noise: float, maximize: bool) -> dict[
             "trials": statistics.median(s["trials"] for s, _ in pairs),
             "pruned": statistics.median(s["pruned"] for s, _ in pairs),
             "imported_reached_target": _share([s["imported_reached_target"] for s, _ in pairs]),
-            "compute_to_target": _quartiles([s["compute_to_target"] for s, _ in pairs]),
+            "compute_to_target": quartiles([s["compute_to_target"] for s, _ in pairs]),
             "ratio_of_medians_to_cold": round(medians[0] / medians[1], 3)
             if math.isfinite(sum(medians))
             else None,
             "beats_cold": _share([s["compute_to_target"] < c["compute_to_target"] for s, c in pairs]),
             "ties_cold": _share([s["compute_to_target"] == c["compute_to_target"] for s, c in pairs]),
-            "best_at_equal_compute": _quartiles([s["best_at_equal_compute"] for s, _ in pairs], worst),
+            "best_at_equal_compute": quartiles([s["best_at_equal_compute"] for s, _ in pairs], worst),
         }
     return {"rules": rules, "starts": starts}
 
@@ -300,7 +324,7 @@ def measure(
     noise = float(floor["seed_sd_median"])
     with ProcessPoolExecutor(processes, initializer=_init_worker) as pool:
         baseline = list(
-            pool.map(_baseline, [(str(table_path), s, trials, lookup) for s in seed_range(seeds)])
+            pool.map(random_baseline, [(str(table_path), s, trials, lookup) for s in seed_range(seeds)])
         )
         budget = statistics.median(c for c, _ in baseline)
         target = statistics.median(b for _, b in baseline)

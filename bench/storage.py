@@ -13,8 +13,8 @@ it finished and the exceptions it met (each exception costs that trial, the loop
 table gives trials/s (each trial is 5 storage writes and the reads they imply), errors, and the
 ratio to the journal's figure at the same W.
 
-    python bench/storage.py              # W = 1, 4, 16, 64; 20 s per cell
-    python bench/storage.py --quick      # W = 1, 4, 16; 5 s per cell
+    python -m bench.storage              # W = 1, 4, 16, 64; 20 s per cell
+    python -m bench.storage --quick      # W = 1, 4, 16; 5 s per cell
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 STORAGES = ("journal", "sqlite", "postgresql", "grpc")
 

@@ -15,8 +15,8 @@ what the tuned settings buy. Each repeat runs the three back to back, in a rotat
 the ratios are taken within a repeat and then their median across repeats: a shared machine's
 speed drifts by several percent from one minute to the next, and pairing cancels most of that.
 
-    python bench/throughput.py                 # CPU: resnet20 on the real Fashion-MNIST
-    python bench/throughput.py --preset gpu    # one GPU: ResNet-50, 224 px, bf16, channels_last
+    python -m bench.throughput                 # CPU: resnet20 on the real Fashion-MNIST
+    python -m bench.throughput --preset gpu    # one GPU: ResNet-50, 224 px, bf16, channels_last
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import functools
 import gc
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,8 +35,6 @@ from typing import Any
 
 import torch
 from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer import Decision, EpochMetrics, TrainConfig, train
 from trainer.data import build_datasets, build_loaders
@@ -146,43 +143,58 @@ def main() -> int:
     parser.add_argument("--output", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args()
 
+    base = {
+        **PRESETS[args.preset],
+        "epochs": args.epochs,
+        "max_steps_per_epoch": args.steps,
+        "val_fraction": 0.02,
+        "log_every": 0,
+        "compile": args.compile,
+    }
+    tuned = TrainConfig.from_mapping(base)
+    naive = TrainConfig.from_mapping({**base, **NAIVE})
     with tempfile.TemporaryDirectory() as scratch:
-        base = {
-            **PRESETS[args.preset],
-            "epochs": args.epochs,
-            "max_steps_per_epoch": args.steps,
-            "val_fraction": 0.02,
-            "log_every": 0,
-            "compile": args.compile,
-        }
-        tuned = TrainConfig.from_mapping(base)
-        naive = TrainConfig.from_mapping({**base, **NAIVE})
-        figures: dict[str, list[float]] = {"trainer": [], "trainer+tb": [], "naive": [], "bare": []}
-        for repeat in range(args.repeats):
-            # A fresh checkpoint directory each time: a resumed run would train nothing.
-            ckpt = dataclasses.replace(tuned, checkpoint_dir=f"{scratch}/trainer-{repeat}")
-            logged = dataclasses.replace(
-                tuned,
-                checkpoint_dir=f"{scratch}/tb-{repeat}",
-                tensorboard_dir=f"{scratch}/tb-{repeat}/events",
-            )
-            runs: dict[str, Callable[[], float]] = {
-                "trainer": functools.partial(trainer_throughput, ckpt, warmup_epochs=1),
-                "trainer+tb": functools.partial(trainer_throughput, logged, warmup_epochs=1),
-                "naive": functools.partial(trainer_throughput, naive, warmup_epochs=1),
-                "bare": functools.partial(bare_loop_throughput, tuned, warmup_epochs=1),
-            }
-            # Rotate the order, so that no variant always runs first (or right after another).
-            order = list(runs)[repeat % len(runs) :] + list(runs)[: repeat % len(runs)]
-            for name in order:
-                gc.collect()  # the previous run's loader workers end here, not during this run
-                figures[name].append(runs[name]())
-            print(
-                f"repeat {repeat + 1}/{args.repeats}: "
-                + ", ".join(f"{k} {v[-1]:.0f}" for k, v in figures.items())
-            )
-
+        figures = measure(tuned, naive, args.repeats, scratch)
     median = {name: statistics.median(values) for name, values in figures.items()}
+    ratios = report_figures(tuned, figures, median)
+    if args.output:
+        report = {"median": median, "repeats": figures, "ratios": ratios, "preset": args.preset}
+        args.output.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def measure(tuned: TrainConfig, naive: TrainConfig, repeats: int, scratch: str) -> dict[str, list[float]]:
+    """Images/s of each variant (the trainer, with TensorBoard, the naive configuration, the bare
+    loop), ``repeats`` times each, in an order that rotates each repeat."""
+    figures: dict[str, list[float]] = {"trainer": [], "trainer+tb": [], "naive": [], "bare": []}
+    for repeat in range(repeats):
+        # A fresh checkpoint directory each time: a resumed run would train nothing.
+        ckpt = dataclasses.replace(tuned, checkpoint_dir=f"{scratch}/trainer-{repeat}")
+        logged = dataclasses.replace(
+            tuned,
+            checkpoint_dir=f"{scratch}/tb-{repeat}",
+            tensorboard_dir=f"{scratch}/tb-{repeat}/events",
+        )
+        runs: dict[str, Callable[[], float]] = {
+            "trainer": functools.partial(trainer_throughput, ckpt, warmup_epochs=1),
+            "trainer+tb": functools.partial(trainer_throughput, logged, warmup_epochs=1),
+            "naive": functools.partial(trainer_throughput, naive, warmup_epochs=1),
+            "bare": functools.partial(bare_loop_throughput, tuned, warmup_epochs=1),
+        }
+        # Rotate the order, so that no variant always runs first (or right after another).
+        order = list(runs)[repeat % len(runs) :] + list(runs)[: repeat % len(runs)]
+        for name in order:
+            gc.collect()  # the previous run's loader workers end here, not during this run
+            figures[name].append(runs[name]())
+        print(f"repeat {repeat + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in figures.items()))
+    return figures
+
+
+def report_figures(
+    tuned: TrainConfig, figures: dict[str, list[float]], median: dict[str, float]
+) -> dict[str, list[float]]:
+    """Print the medians and the paired ratios against the naive configuration and the bare loop;
+    the ratios, repeat by repeat."""
     device = resolve_device(tuned, DistEnv())
     name = (
         torch.cuda.get_device_name(device)
@@ -216,10 +228,7 @@ def main() -> int:
     print(
         f"trainer overhead against the bare loop, TensorBoard on too: {100 * overhead_tb:+.1f}% (target <= 5%)"
     )
-    if args.output:
-        report = {"median": median, "repeats": figures, "ratios": ratios, "preset": args.preset}
-        args.output.write_text(json.dumps(report, indent=2))
-    return 0
+    return ratios
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ as infeasible. The samplers learn from it (TPE ranks infeasible trials below fea
 from __future__ import annotations
 
 import contextlib
+import enum
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -49,9 +50,9 @@ if TYPE_CHECKING:
 # Where and when the trial ran.
 ATTR_JOB_ID = "job_id"
 ATTR_EXECUTOR = "executor"
-ATTR_JOB_KIND = "job_kind"
-"""slurm or local: where a --workers worker (executor "worker") runs."""
-ATTR_JOB_FOLDER = "job_folder"
+"""Where its job ran: the name of an executor of ``hpo.executors`` (slurm, local)."""
+ATTR_DISPATCH = "dispatch"
+"""How the launch ran it: a :class:`DispatchMode` value."""
 ATTR_NODES = "nodes"
 ATTR_PACK_SLOT = "pack_slot"
 """Its place among the trials (or workers) its job ran at once on one GPU (``trials_per_gpu``)."""
@@ -105,7 +106,8 @@ ATTR_METRICS = "metrics"
 """Every other metric a trial of the user's objective reported, per step: {name: {step: value}}
 (the named groups of ``metric_pattern`` beside ``value`` and ``step``; keyword arguments of
 ``hpo.trial.report``)."""
-# What a built-in trainer trial measured of itself, over the epochs it trained (measurement_attrs).
+# What a built-in trainer trial measured of itself, over the epochs it trained
+# (hpo.trial.measured.measurement_attrs).
 ATTR_DATA_WAIT_SHARE = "data_wait_share"
 """Share of the training steps' time spent waiting for the next batch (and copying it in)."""
 ATTR_STEP_MS = "step_ms"
@@ -145,13 +147,59 @@ REASON_STOPPED_FAILING = "stopped with the launch: its first trials failed the s
 REASON_DIVERGED = failures.REASON_DIVERGED
 
 # Failures that a retry cannot help: the user stopped the study; the job's time limit is too
-# short.
+# short for an epoch; the launch stopped because its first trials failed the same way.
 _NOT_RETRIED_PREFIXES = (REASON_CANCELLED, REASON_NO_PROGRESS, REASON_STOPPED_FAILING)
 
 
 def now_iso() -> str:
     """The timestamp format of the ``*_at`` attributes."""
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class DispatchMode(str, enum.Enum):
+    """How a launch ran a trial (the ``dispatch`` attribute), apart from where (``executor``)."""
+
+    PER_TRIAL = "per_trial"
+    """Its own job (or a pack of trials sharing one job's GPU)."""
+    WORKERS = "workers"
+    """Pulled by a ``--workers`` job that runs trial after trial."""
+    RAY = "ray"
+    """A Ray Tune trial inside the study's one Ray allocation."""
+
+
+# Studies written before the dispatch attribute existed kept the mode in ``executor`` ("worker",
+# with the job's executor in ``job_kind``; "ray", where the allocation's executor went unrecorded).
+_LEGACY_EXECUTOR_MODES = {"worker": DispatchMode.WORKERS, "ray": DispatchMode.RAY}
+_LEGACY_JOB_KIND = "job_kind"
+
+
+def placement(executor: str, mode: DispatchMode) -> dict[str, str]:
+    """The attributes a launch writes on a trial it runs: where, and how."""
+    return {ATTR_EXECUTOR: executor, ATTR_DISPATCH: mode.value}
+
+
+def dispatch_mode(trial: optuna.trial.FrozenTrial) -> DispatchMode | None:
+    """How the trial was run; None for one never placed (imported, or asked and not yet placed).
+    Reads studies written before the attribute existed."""
+    stored = trial.user_attrs.get(ATTR_DISPATCH)
+    if stored is not None:
+        return DispatchMode(stored)
+    legacy = trial.user_attrs.get(ATTR_EXECUTOR)
+    if legacy is None:
+        return None
+    return _LEGACY_EXECUTOR_MODES.get(str(legacy), DispatchMode.PER_TRIAL)  # slurm, local
+
+
+def executor_name(trial: optuna.trial.FrozenTrial) -> str | None:
+    """The executor its job ran on (None where not recorded). Reads studies written before
+    ``dispatch`` existed: a worker's trial then kept its executor in ``job_kind``."""
+    stored = trial.user_attrs.get(ATTR_EXECUTOR)
+    if stored is None or ATTR_DISPATCH in trial.user_attrs:
+        return None if stored is None else str(stored)
+    if str(stored) in _LEGACY_EXECUTOR_MODES:
+        kind = trial.user_attrs.get(_LEGACY_JOB_KIND)
+        return None if kind is None else str(kind)
+    return str(stored)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -217,53 +265,6 @@ def set_attr(trial: optuna.Trial, key: str, value: Any) -> None:
 def set_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
-
-
-def tune_result_attrs(
-    result: Mapping[str, Any] | None, epochs_done: int, error: bool, ranks: int = 1
-) -> dict[str, Any]:
-    """The attributes of a finished Ray Tune trial, from its last result (both Ray recorders);
-    its measurements are its last epoch's. ``ranks``: the trial's processes (DDP workers)."""
-    attrs: dict[str, Any] = {ATTR_FINISHED_AT: now_iso(), ATTR_EPOCHS_COMPLETED: epochs_done}
-    if result:
-        attrs[ATTR_NODES] = result.get("node", "")
-        attrs[ATTR_ELAPSED_S] = round(float(result.get("time_total_s", 0.0)), 3)
-        attrs[ATTR_IMAGES_PER_S] = result.get("images_per_s")
-        if result.get("test_accuracy") is not None:
-            attrs[ATTR_TEST_ACCURACY] = result["test_accuracy"]
-        if "epoch" in result and "step" in result and "images_per_s" in result:
-            attrs.update(measurement_attrs([result], ranks))
-    if error:
-        attrs[ATTR_FAIL_REASON] = "the Tune trial raised an error (see its log under ray_results)"
-    return attrs
-
-
-def measurement_attrs(epochs: Sequence[Mapping[str, Any]], world_size: int) -> dict[str, Any]:
-    """The measurement attributes of a trainer trial, from its epochs' metrics (``EpochMetrics``
-    as dicts; epochs without the step phases, written by an older trainer, are left out)."""
-    measured = [m for m in epochs if m.get("data_time_s") is not None]
-    attrs: dict[str, Any] = {}
-    if not measured:
-        return attrs
-    phases = ("data", "forward", "backward", "optimizer")
-    seconds = {p: sum(float(m.get(f"{p}_time_s") or 0.0) for m in measured) for p in phases}
-    total = sum(seconds.values())
-    if total > 0:
-        attrs[ATTR_DATA_WAIT_SHARE] = round(seconds["data"] / total, 4)
-    # Every epoch of a run has the same number of steps.
-    steps = sum(int(m["step"]) // max(1, int(m["epoch"])) for m in measured)
-    if steps > 0:
-        attrs[ATTR_STEP_MS] = {p: round(1000 * seconds[p] / steps, 3) for p in phases}
-    peaks = [int(m["peak_memory_bytes"]) for m in measured if m.get("peak_memory_bytes") is not None]
-    if peaks:
-        attrs[ATTR_PEAK_MEMORY_MIB] = round(max(peaks) / 2**20, 1)
-    attrs[ATTR_IMAGES_PER_S_PER_GPU] = round(
-        sum(float(m["images_per_s"]) for m in measured) / len(measured) / max(1, world_size), 1
-    )
-    utilization = [float(m["gpu_utilization"]) for m in measured if m.get("gpu_utilization") is not None]
-    if utilization:
-        attrs[ATTR_GPU_UTILIZATION] = round(sum(utilization) / len(utilization), 1)
-    return attrs
 
 
 def mark_surplus(study: optuna.Study, trial: optuna.Trial) -> None:
@@ -480,20 +481,9 @@ def packs(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[str, list[int]]:
     another in each of its slots.)"""
     jobs: dict[str, list[int]] = {}
     for trial in trials:
-        if ATTR_PACK_SIZE in trial.user_attrs and trial.user_attrs.get(ATTR_EXECUTOR) != "worker":
+        if ATTR_PACK_SIZE in trial.user_attrs and dispatch_mode(trial) != DispatchMode.WORKERS:
             jobs.setdefault(str(trial.user_attrs.get(ATTR_JOB_ID, "-")), []).append(trial.number)
     return {job: numbers for job, numbers in jobs.items() if job != "-"}
-
-
-def pack_note(trial: optuna.trial.FrozenTrial, mates: Sequence[int]) -> str:
-    """What ``hpo status`` says of a trial that shared its job's GPU: the trials its per-trial
-    job ran beside it (``mates``), or its place among a --workers job's workers."""
-    if mates:
-        return f"shared its job with {', '.join(map(str, mates))}"
-    slot = trial.user_attrs.get(ATTR_PACK_SLOT)
-    if trial.user_attrs.get(ATTR_EXECUTOR) == "worker" and slot is not None:
-        return f"worker {int(slot) + 1} of {trial.user_attrs.get(ATTR_PACK_SIZE)} sharing its job"
-    return ""
 
 
 def is_own(trial: optuna.trial.FrozenTrial) -> bool:

@@ -12,6 +12,7 @@ environment), and every URL the service prints is masked. ``~/.pgpass`` works as
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import random
@@ -40,6 +41,7 @@ from sqlalchemy.exc import (
     ResourceClosedError,
 )
 
+from hpo import locks
 from hpo.errors import NotReadyError, StudyFileError, one_line
 from hpo.journal import SafeJournalBackend, cannot_write, repair
 from hpo.paths import NOT_WRITABLE, denied, private_dir
@@ -78,6 +80,43 @@ class StorageRef:
             return cls("journal", text[len(JOURNAL_PREFIX) :])
         return cls("rdb", text)
 
+    # What differs between the kinds, asked here so that no other module tests which kind it is.
+    @property
+    def journal_file(self) -> Path | None:
+        """The embedded journal's file; None for a database."""
+        return Path(self.target) if self.kind == "journal" else None
+
+    @property
+    def missing(self) -> bool:
+        """Whether the storage certainly holds no study: a journal file not written yet (a
+        database is asked)."""
+        return self.kind == "journal" and not Path(self.target).exists()
+
+    def launcher_lock(self, study_name: str, holder: str) -> locks.Lock:
+        """The study's launcher lock (``hpo.dispatch.lease``), the storage's own: ``flock`` on a
+        file beside the journal or SQLite file, else the database server's session lock."""
+        if self.kind == "journal" or self.target.startswith("sqlite"):
+            base = Path(self.target if self.kind == "journal" else str(make_url(self.target).database))
+            digest = hashlib.sha256(study_name.encode()).hexdigest()[:12]
+            return locks.FileLock(base.with_name(f"{base.name}.launcher-{digest}.lock"), holder)
+        key = f"hpo-launcher:{study_name}"
+        if self.target.startswith("postgresql"):
+            return locks.AdvisoryLock(self.target, key, holder)
+        return locks.NamedLock(self.target, key, holder)
+
+
+def journal_file(setting: str | None) -> Path | None:
+    """The journal file a study's storage setting names (``journal:PATH``, the path as written);
+    None for a database URL or no setting (see :func:`resolve_storage`)."""
+    if setting and setting.startswith(JOURNAL_PREFIX):
+        return Path(setting[len(JOURNAL_PREFIX) :])
+    return None
+
+
+def default_storage(workdir: Path) -> StorageRef:
+    """The embedded default: a journal file in the study's workdir."""
+    return StorageRef("journal", str(workdir / DEFAULT_JOURNAL))
+
 
 def resolve_storage(spec: StudySpec, url: str | None, source: str) -> StorageRef:
     """Turn the study's storage setting (or ``--storage``) into a :class:`StorageRef`.
@@ -85,7 +124,7 @@ def resolve_storage(spec: StudySpec, url: str | None, source: str) -> StorageRef
     A password found in the URL is moved to the environment variable its driver reads.
     """
     if not url:
-        return StorageRef("journal", str(spec.workdir / DEFAULT_JOURNAL))
+        return default_storage(spec.workdir)
     return resolve_url(url, source)
 
 
@@ -278,6 +317,12 @@ def check_reachable(ref: StorageRef, source: str, log: Callable[[str], None] = p
             f"{source}: study.storage: cannot open {mask(str(ref))}: {one_line(getattr(err, 'orig', None) or err, name=False)}",
             "start the database server, or name another with --storage URL",
         ) from None
+
+
+def log_outages_to(storage: BaseStorage, log: Callable[[str], None]) -> None:
+    """Say a database's outages through ``log`` from now on (a journal has none to say)."""
+    if isinstance(storage, OutageTolerantStorage):
+        storage.log = log
 
 
 class DatabaseUnreachable(NotReadyError):

@@ -20,7 +20,6 @@ is bad input: one line, exit 2, read before this study is created or anything su
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -54,7 +53,7 @@ def plan(spec: StudySpec, storage: StorageRef) -> Plan:
     if not warm.sources:
         return result
     study: optuna.Study | None = None
-    if storage.kind != "journal" or Path(storage.target).exists():
+    if not storage.missing:
         try:
             study = optuna.load_study(study_name=spec.study.name, storage=open_storage(storage, create=False))
         except KeyError:
@@ -130,7 +129,7 @@ def apply(spec: StudySpec, study: optuna.Study, planned: Plan, log: Any = print)
 
 def _load(spec: StudySpec, ref: StorageRef, name: str, key: str) -> optuna.Study:
     missing = StudyFileError(f"{spec.source}: {key}: no study {name!r} in {mask(str(ref))}")
-    if ref.kind == "journal" and not Path(ref.target).exists():
+    if ref.missing:
         raise missing
     try:
         source = optuna.load_study(study_name=name, storage=open_storage(ref, create=False))

@@ -103,29 +103,30 @@ def _turn_on_shared_resources(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
 
 
-# Whole modules that need no cluster, no database and no training (pure functions, the schema,
-# reference sbatch files, recorded Slurm output, the docs, the import graph): `make test-fast`
-# runs these and every test marked `fast` elsewhere, in under a minute with the cluster stopped.
-FAST_MODULES = {
-    "tests/test_architecture.py",
-    "tests/test_deploy_files.py",
-    "tests/test_docs.py",
-    "tests/test_hpo_cli.py",
-    "tests/hpo/test_imports.py",
-    "tests/hpo/observe/test_report_figures.py",
-    "tests/hpo/trial/test_retries.py",
-    "tests/hpo/slurm/test_sbatch_golden.py",
-    "tests/hpo/config/test_schema.py",
-    "tests/hpo/slurm/test_slurm_outputs.py",
-    "tests/hpo/slurm/test_submit_retry.py",
-    "tests/hpo/dispatch/test_ray_searcher.py",
-}
+# `make test-fast` runs the tests marked `fast` (a whole module by `pytestmark = pytest.mark.fast`,
+# or one test by its decorator): no cluster, no database, no training, in under a minute with the
+# cluster stopped. A mark travels with its module when the file is renamed or moved. A fast test that
+# asks for the cluster or the database (itself or through another fixture) stops the collection.
+CLUSTER_FIXTURES = frozenset({"local_cluster", "fresh_database"})
+
+
+def fast_tests_on_the_cluster(items: list[pytest.Item]) -> list[str]:
+    """The tests marked `fast` that request a cluster fixture, directly or through their fixtures."""
+    return [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("fast") is not None
+        and CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ()))
+    ]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.relative_to(REPO).as_posix() in FAST_MODULES:
-            item.add_marker(pytest.mark.fast)
+    on_the_cluster = fast_tests_on_the_cluster(items)
+    if on_the_cluster:
+        raise pytest.UsageError(
+            f"tests marked fast request the cluster or the database ({', '.join(sorted(CLUSTER_FIXTURES))}): "
+            + ", ".join(on_the_cluster)
+        )
 
     # The tests of hpo run in the order of their files' names, not their folders': the fault tests
     # that hold the cluster alone then sit among the others, and the two workers' halves (pytest-xdist

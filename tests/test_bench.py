@@ -7,18 +7,15 @@ committed results draw.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from bench import efficiency
 from bench.plots import DRAWERS, draw
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-
-import efficiency  # noqa: E402  (a script in bench/, imported by its file name as it runs)
 
 
 @pytest.mark.parametrize("name", sorted(DRAWERS))

@@ -5,8 +5,6 @@ completed trials; never where the step predicts nothing."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import optuna
@@ -14,12 +12,8 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-
-import replay  # noqa: E402  (a script in bench/, imported by its file name as it runs)
-
-from bench.curve_pruner import CurvePruner, predicted_upper_bound  # noqa: E402
+from bench import replay_strategies, replay_table
+from bench.curve_pruner import CurvePruner, predicted_upper_bound
 
 pytestmark = pytest.mark.fast
 SPACE = {"x": FloatDistribution(0.0, 1.0)}
@@ -93,10 +87,10 @@ def test_the_bound_is_the_textbook_prediction_interval() -> None:
 
 
 def test_the_replay_builds_it_for_a_strategy_that_names_it_and_refuses_bad_options() -> None:
-    table = replay.Table.load(replay.CURVES / "dlojz-cnn-12ep" / "table.json")
-    spec = replay.strategy_spec("tpe+curve-z3", table, seed=1)
+    table = replay_table.Table.load(replay_table.CURVES / "dlojz-cnn-12ep" / "table.json")
+    spec = replay_strategies.strategy_spec("tpe+curve-z3", table, seed=1)
     assert (spec.study.pruner.name, spec.study.pruner.options) == ("curve", {"z": 3.0})
-    pruner = replay.build_pruner(spec)
+    pruner = replay_strategies.build_pruner(spec)
     assert isinstance(pruner, CurvePruner) and (pruner.z, pruner.n_startup_trials) == (3.0, 5)
     with pytest.raises(ValueError, match="z must be 0 or more"):
         CurvePruner(z=-1)

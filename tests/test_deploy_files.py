@@ -13,6 +13,8 @@ from hpo.config import load_study
 from tests.conftest import REPO
 from trainer.yamlfile import load_yaml_mapping
 
+pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
+
 STUDY = REPO / "studies" / "resnet.yaml"
 PROFILE = REPO / "deploy" / "profiles" / "jean-zay.yaml"
 SBATCH = [REPO / "deploy" / "slurm" / name for name in ("train-ddp.sbatch", "launcher.sbatch")]

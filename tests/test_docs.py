@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from hpo.cli import build_parser
+from hpo.commands import build_parser
 from tests.conftest import REPO
 from trainer.cli import build_parser as build_trainer_parser
+
+pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
 
 README = REPO / "README.md"
 PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]

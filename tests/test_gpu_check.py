@@ -35,7 +35,7 @@ def test_without_a_gpu_the_check_says_so_in_one_line_and_exits_0(tmp_path: Path)
 def test_every_gpu_check_rehearses_on_the_cpu(tmp_path: Path, fashion_mnist_root: str) -> None:
     result = tmp_path / "gpu.json"
     proc = subprocess.run(
-        [sys.executable, "bench/gpu.py", "--rehearse-on-cpu", "--json", str(result)],
+        [sys.executable, "-m", "bench.gpu", "--rehearse-on-cpu", "--json", str(result)],
         capture_output=True, text=True, cwd=REPO, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import hpo
+
+pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
 
 HPO = str(Path(sys.executable).parent / "hpo")
 

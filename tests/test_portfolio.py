@@ -5,20 +5,14 @@ portfolio, and the replay asking the portfolio first."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-
-import replay  # noqa: E402  (a script in bench/, imported by its file name as it runs)
-from replay import Recorded, Table  # noqa: E402
-
-from bench import portfolio  # noqa: E402
-from hpo.config import ParamSpec  # noqa: E402
-from hpo.portfolio import position, value_at  # noqa: E402
+from bench import portfolio, replay_simulation, replay_strategies
+from bench.replay_table import Recorded, Table
+from hpo.config import ParamSpec
+from hpo.portfolio import position, value_at
 
 LOG_LR = ParamSpec(type="float", low=0.001, high=1.0, log=True)
 STUDY = """\
@@ -94,9 +88,9 @@ def test_the_replay_asks_the_portfolio_first_then_the_sampler(tmp_path: Path) ->
     study = tmp_path / "study.yaml"
     study.write_text(STUDY)
     table = task("t", 0.5, ("lr", "weight_decay"))
-    spec = replay.spec_with({}, table, seed=3, default_study=study)
+    spec = replay_strategies.spec_with({}, table, seed=3, default_study=study)
     first = [{"lr": 0.01, "weight_decay": 0.001}, {"lr": 0.1}]
-    run = replay.replay(table, spec, n_trials=6, enqueue=first)
+    run = replay_simulation.replay(table, spec, n_trials=6, enqueue=first)
     assert run.trials[0].params == first[0]
     assert (
         run.trials[1].params["lr"] == 0.1 and "weight_decay" in run.trials[1].params

@@ -5,19 +5,29 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-
-import replay  # noqa: E402  (a script in bench/, imported by its file name as it runs)
-from replay import Recorded, Table  # noqa: E402
-
-from hpo.config.study_section import PrunerSpec, SamplerSpec  # noqa: E402
+from bench import replay_table
+from bench.replay import clock_at_compute
+from bench.replay_simulation import Replay, replay
+from bench.replay_strategies import STRATEGIES, schedule_rungs, spec_with, stopper_for
+from bench.replay_summary import leave_one_task_out, quartiles, summarize
+from bench.replay_table import (
+    CHOSEN_ON,
+    Lookup,
+    Recorded,
+    Table,
+    k_nearest,
+    level_matched,
+    nearest_neighbour,
+    noisy_k_nearest,
+    recorded_tables,
+    restarted,
+)
+from hpo.config.study_section import PrunerSpec, SamplerSpec
 
 STUDY = """\
 study:
@@ -51,21 +61,21 @@ def hand_table() -> Table:
     return Table("val_accuracy", "maximize", 3, 2, space, [A, B, C, D])
 
 
-def in_ask_order() -> replay.Lookup:
+def in_ask_order() -> Lookup:
     queue = [A, B, C, D]
     return lambda table, params: queue.pop(0)
 
 
 @pytest.fixture
-def hand_run(tmp_path: Path) -> replay.Replay:
+def hand_run(tmp_path: Path) -> Replay:
     study = tmp_path / "hand.yaml"
     study.write_text(STUDY)
     table = hand_table()
-    spec = replay.spec_with({}, table, seed=0, default_study=study)
-    return replay.replay(table, spec, lookup=in_ask_order(), n_trials=4)
+    spec = spec_with({}, table, seed=0, default_study=study)
+    return replay(table, spec, lookup=in_ask_order(), n_trials=4)
 
 
-def test_two_asynchronous_workers_give_the_events_worked_out_by_hand(hand_run: replay.Replay) -> None:
+def test_two_asynchronous_workers_give_the_events_worked_out_by_hand(hand_run: Replay) -> None:
     assert hand_run.events == [
         (0, 0, "start"), (0, 1, "start"),
         (3, 0, "epoch 1"),
@@ -83,23 +93,23 @@ def test_two_asynchronous_workers_give_the_events_worked_out_by_hand(hand_run: r
 
 
 def test_compute_is_each_trial_from_its_ask_to_its_end_a_pruned_one_up_to_its_stop(
-    hand_run: replay.Replay,
+    hand_run: Replay,
 ) -> None:
     # A 0-7, B 0-4, C 4-8, D 7-10: 7 + 4 + 4 + 3.
     assert hand_run.total_compute() == 18
     assert hand_run.compute_at(5) == 5 + 4 + 1
     assert hand_run.compute_at(7) == 7 + 4 + 3
     assert [(c, v, t.number) for c, v, t in hand_run.progress(maximize=True)] == [(14, 0.8, 0), (16, 0.95, 2)]
-    assert replay._clock_at_compute(hand_run, 14.0) == pytest.approx(7.0)
+    assert clock_at_compute(hand_run, 14.0) == pytest.approx(7.0)
 
 
 def test_a_compute_budget_stops_asking_and_lets_running_trials_end(tmp_path: Path) -> None:
     study = tmp_path / "hand.yaml"
     study.write_text(STUDY)
     table = hand_table()
-    spec = replay.spec_with({}, table, seed=0, default_study=study)
+    spec = spec_with({}, table, seed=0, default_study=study)
     # At 4 (B pruned) 8 were spent: C starts. At 7 (A ends) 7 + 4 + 3 = 14 >= 13: D is not asked.
-    run = replay.replay(table, spec, lookup=in_ask_order(), compute_budget=13)
+    run = replay(table, spec, lookup=in_ask_order(), compute_budget=13)
     assert [t.number for t in run.trials] == [0, 1, 2]
     assert run.total_compute() == 15 and run.trials[2].state == "COMPLETE"
 
@@ -110,9 +120,9 @@ def test_nearest_lookup_scales_log_ranges(tmp_path: Path) -> None:
     high = Recorded({"lr": 1.0}, [0.9], [1.0], 0.0, None)
     table = Table("val_accuracy", "maximize", 1, 1, space, [low, high])
     # 0.09 is nearer 1.0 than 0.01 on a linear scale, nearer 0.01 on the log scale (0.48 of the range).
-    assert replay.nearest_neighbour(table, {"lr": 0.09}) is low
-    assert replay.nearest_neighbour(table, {"lr": 0.11}) is high
-    surrogate = replay.k_nearest(table, {"lr": 0.1}, k=2)  # exactly halfway: the mean of both
+    assert nearest_neighbour(table, {"lr": 0.09}) is low
+    assert nearest_neighbour(table, {"lr": 0.11}) is high
+    surrogate = k_nearest(table, {"lr": 0.1}, k=2)  # exactly halfway: the mean of both
     assert surrogate.values == pytest.approx([0.5])
 
 
@@ -123,20 +133,21 @@ def test_the_noisy_surrogate_adds_one_runs_seed_noise_and_no_more(tmp_path: Path
     # ``low`` trained again under two other seeds: its three runs are 0.1 apart at every epoch.
     again = [Recorded({"lr": 0.01}, [0.4 + d, 0.6 + d], [1.0, 1.0], 0.0, 0.6 + d) for d in (0.1, 0.2)]
     table = Table("val_accuracy", "maximize", 2, 1, space, [low, high], repeats=[(0, r) for r in again])
-    scale = replay._median_scale(3)  # the spread of one run around the truth, not around the median of three
+    # The spread of one run around the truth, not around the median of three.
+    scale = replay_table._median_scale(3)
     assert scale == pytest.approx(1.13, abs=0.01)
     flat = [x for group in table.noise() for curve, test in group.residuals for x in (*curve, test)]
     assert flat == pytest.approx([-0.1 * scale] * 3 + [0.0] * 3 + [0.1 * scale] * 3)
     # Halfway between the two points the surrogate is their mean, which carries half of one run's
     # noise variance (weights 1/2 and 1/2); the residual adds the other half.
-    mean = replay.k_nearest(table, {"lr": 0.1}, k=2)
-    noisy = replay.noisy_k_nearest(table, {"lr": 0.1}, k=2)
-    assert noisy == replay.noisy_k_nearest(table, {"lr": 0.1}, k=2)  # deterministic
+    mean = k_nearest(table, {"lr": 0.1}, k=2)
+    noisy = noisy_k_nearest(table, {"lr": 0.1}, k=2)
+    assert noisy == noisy_k_nearest(table, {"lr": 0.1}, k=2)  # deterministic
     added = [n - m for n, m in zip(noisy.values, mean.values, strict=True)]
     residuals = [curve for group in table.noise() for curve, _ in group.residuals]
     assert any(added == pytest.approx([r * math.sqrt(1 / 2) for r in curve]) for curve in residuals)
     # On a recorded point the surrogate is that run, whose own noise is already in it.
-    assert replay.noisy_k_nearest(table, {"lr": 0.01}, k=2).values == pytest.approx(low.values, abs=1e-4)
+    assert noisy_k_nearest(table, {"lr": 0.01}, k=2).values == pytest.approx(low.values, abs=1e-4)
 
 
 def test_a_run_that_collapsed_under_one_seed_is_a_fall_of_that_run_not_a_rise_of_the_others() -> None:
@@ -145,7 +156,7 @@ def test_a_run_that_collapsed_under_one_seed_is_a_fall_of_that_run_not_a_rise_of
     runs = [Recorded({"lr": 0.1}, values, [1.0, 1.0], 0.0, None) for values in ([0.5, 0.7], [0.1, 0.1])]
     table = Table("val_accuracy", "maximize", 2, 1, space, [good], repeats=[(0, r) for r in runs])
     residuals = sorted(curve for group in table.noise() for curve, _ in group.residuals)
-    scale = replay._median_scale(3)
+    scale = replay_table._median_scale(3)
     # Around the mean (0.37, 0.5) the two runs that trained would each gain 0.13 and 0.2.
     assert residuals == [pytest.approx([-0.4 * scale, -0.6 * scale]), [0.0, 0.0], [0.0, 0.0]]
 
@@ -160,16 +171,16 @@ def test_a_configurations_noise_comes_from_the_repeats_that_end_nearest_it() -> 
             (i, Recorded(configs[i].params, [level + d * level], [1.0], 0.0, None)) for d in (-0.01, 0.01)
         ]
     table = Table("val_accuracy", "maximize", 1, 1, space, configs, repeats=repeats)
-    near = replay.level_matched(table.noise(), 0.85)
+    near = level_matched(table.noise(), 0.85)
     assert sorted(g.level for g in near) == [0.5, 0.8, 0.9]  # NOISE_GROUPS = 3, nearest first
     # Half-way between the configurations ending at 0.8 and 0.9 (in log lr), the surrogate ends
     # at 0.85: its draws are 0.8's, 0.9's or 0.5's seeds (0.008 to 0.009 and 0.005 from their
     # median, or 0), never 0.2's (0.002), at the half of one run's noise the mean has not carried.
     middle = {"lr": 10 ** (-1 / 3)}
-    smooth = replay.k_nearest(table, middle, k=2).values[-1]
+    smooth = k_nearest(table, middle, k=2).values[-1]
     assert smooth == pytest.approx(0.85)
     added = {
-        round(abs(replay.noisy_k_nearest(table, middle, k=2, draw=d).values[-1] - smooth) / math.sqrt(1 / 2) / replay._median_scale(3), 4)
+        round(abs(noisy_k_nearest(table, middle, k=2, draw=d).values[-1] - smooth) / math.sqrt(1 / 2) / replay_table._median_scale(3), 4)
         for d in range(40)
     }  # fmt: skip
     assert added <= {0.0, 0.005, 0.008, 0.009} and len(added) >= 3, added
@@ -179,34 +190,34 @@ def test_the_default_strategy_is_what_a_study_file_without_sampler_and_pruner_ge
     table = hand_table()
     study = tmp_path / "hand.yaml"
     study.write_text(STUDY)
-    default = replay.spec_with(replay.STRATEGIES["default"], table, seed=3, default_study=study)
+    default = spec_with(STRATEGIES["default"], table, seed=3, default_study=study)
     # TPE with Optuna's own start-up after the portfolio (held out: see test_portfolio.py), no pruner.
     assert default.study.sampler == SamplerSpec(name="tpe", seed=3, options={})
     assert default.study.pruner == PrunerSpec(name="none") and default.study.portfolio == 4
     # The default before the portfolio: median stopping from ceil(4/9 x 3 epochs) = epoch 2.
-    before = replay.spec_with(replay.STRATEGIES["tpe+median-from-4/9"], table, seed=3, default_study=study)
+    before = spec_with(STRATEGIES["tpe+median-from-4/9"], table, seed=3, default_study=study)
     assert before.study.pruner == PrunerSpec(name="median", options={"n_warmup_steps": 2})
     assert before.study.portfolio == 0
-    ray = replay.spec_with(replay.STRATEGIES["ray-asha"], table, seed=0, default_study=study)
-    stopper = replay.stopper_for(ray, table)
+    ray = spec_with(STRATEGIES["ray-asha"], table, seed=0, default_study=study)
+    stopper = stopper_for(ray, table)
     assert type(stopper.scheduler).__name__ == "AsyncHyperBandScheduler"
     assert stopper.scheduler._reduction_factor == 4  # Tune's default (its grace period, 1, as here)
-    run = replay.replay(table, ray, lookup=in_ask_order(), n_trials=4)
+    run = replay(table, ray, lookup=in_ask_order(), n_trials=4)
     assert all(t.state in ("COMPLETE", "PRUNED") for t in run.trials) and len(run.trials) == 4
     # The Ray backend's median: Tune's median stopping rule, first deciding at the epoch Optuna's
     # median pruner first decides at (its n_warmup_steps), not one later.
-    ray_median = replay.spec_with(
-        {**replay.STRATEGIES["tpe+median-from-4/9"], "backend": "ray"}, table, seed=0, default_study=study
+    ray_median = spec_with(
+        {**STRATEGIES["tpe+median-from-4/9"], "backend": "ray"}, table, seed=0, default_study=study
     )
-    scheduler = replay.stopper_for(ray_median, table).scheduler
+    scheduler = stopper_for(ray_median, table).scheduler
     assert type(scheduler).__name__ == "MedianStoppingRule" and scheduler._grace_period == 2
-    run = replay.replay(table, ray_median, lookup=in_ask_order(), n_trials=4)
+    run = replay(table, ray_median, lookup=in_ask_order(), n_trials=4)
     assert [t.state for t in run.trials] == ["COMPLETE"] * 4  # too few trials for a median
 
 
 # -- the recorded table ----------------------------------------------------------------------
 
-TABLES = replay.recorded_tables()
+TABLES = recorded_tables()
 
 
 @pytest.mark.parametrize("path", TABLES, ids=[p.parent.name for p in TABLES])
@@ -264,7 +275,7 @@ def test_a_strategy_that_ran_on_some_tasks_is_summarized_over_those() -> None:
         return {"strategies": {n: {"compute_to_target": {"median": c}, "beats_random_at_equal_compute": 0.5}
                                for n, c in computes.items()}}  # fmt: skip
 
-    summary = replay.summarize({"a": result(tpe=0.5, restarts=0.2), "b": result(tpe=0.4)})["strategies"]
+    summary = summarize({"a": result(tpe=0.5, restarts=0.2), "b": result(tpe=0.4)})["strategies"]
     assert set(summary["tpe"]["per_task"]) == {"a", "b"} and set(summary["restarts"]["per_task"]) == {"a"}
     assert summary["restarts"]["worst"] == {"compute_to_target": 0.2, "beats_random": 0.5}
 
@@ -275,9 +286,9 @@ def test_the_summary_takes_each_strategys_worst_task_and_its_worst_held_out_one(
                 "strategies": {"default": {"compute_to_target": {"median": compute},
                                            "beats_random_at_equal_compute": beats}}}  # fmt: skip
 
-    whole = replay.summarize(
+    whole = summarize(
         {
-            replay.CHOSEN_ON: result(0.2, 0.9),
+            CHOSEN_ON: result(0.2, 0.9),
             "b": result(0.5, 0.7),
             "c": result(None, 0.85),
             "flat": result(0.01, 0.0, saturated=True),  # judges nothing
@@ -289,18 +300,16 @@ def test_the_summary_takes_each_strategys_worst_task_and_its_worst_held_out_one(
     assert summary["per_task"]["b"] == {"compute_to_target": 0.5, "beats_random": 0.7}
     # A target not reached on one task makes the worst "not reached" (None), whatever the others.
     assert summary["worst"] == {"compute_to_target": None, "beats_random": 0.7}
-    two = replay.summarize({replay.CHOSEN_ON: result(0.2, 0.9), "b": result(0.3, 0.82)})["strategies"][
-        "default"
-    ]
+    two = summarize({CHOSEN_ON: result(0.2, 0.9), "b": result(0.3, 0.82)})["strategies"]["default"]
     assert two["worst_held_out"] == {"compute_to_target": 0.3, "beats_random": 0.82}
-    one = replay.summarize({replay.CHOSEN_ON: result(0.2, 0.9)})["strategies"]["default"]
+    one = summarize({CHOSEN_ON: result(0.2, 0.9)})["strategies"]["default"]
     assert one["worst_held_out"] is None
 
 
 def test_quartiles_of_a_target_not_always_reached_stay_infinite_where_they_touch_it() -> None:
-    assert replay._quartiles([1, 2, 3, 4, 5]) == {"q1": 2, "median": 3, "q3": 4}
-    assert replay._quartiles([0.2, 0.5, math.inf, 0.3]) == {"q1": 0.275, "median": 0.4, "q3": None}
-    assert replay._quartiles([1, math.inf, math.inf]) == {"q1": None, "median": None, "q3": None}
+    assert quartiles([1, 2, 3, 4, 5]) == {"q1": 2, "median": 3, "q3": 4}
+    assert quartiles([0.2, 0.5, math.inf, 0.3]) == {"q1": 0.275, "median": 0.4, "q3": None}
+    assert quartiles([1, math.inf, math.inf]) == {"q1": None, "median": None, "q3": None}
 
 
 def test_leave_one_task_out_chooses_without_the_task_and_scores_on_it() -> None:
@@ -316,7 +325,7 @@ def test_leave_one_task_out_chooses_without_the_task_and_scores_on_it() -> None:
         "partial": {"a": cell(0.1, 1.0), "b": cell(0.1, 1.0)},
     }
     summary = {"strategies": {n: {"per_task": t} for n, t in per_task.items()}}
-    folds = replay.leave_one_task_out(summary)
+    folds = leave_one_task_out(summary)
     assert folds == {
         "a": {"chosen": "broad", "compute_to_target": 0.4, "beats_random": 0.8},
         "b": {"chosen": "broad", "compute_to_target": 0.4, "beats_random": 0.8},
@@ -336,8 +345,8 @@ def test_a_restarted_trial_runs_each_short_schedule_then_the_full_one_judged_at_
         3: [Recorded({"lr": 0.01}, [0.1, 0.2, 0.5], [1.0] * 3, 5.0, None), None],  # high's did not complete
     }
     table = Table("val_accuracy", "maximize", 9, 1, space, [low, high], short=short)
-    assert replay.schedule_rungs(table) == {"min_resource": 1, "reduction_factor": 3}
-    curve, judged_at = replay.restarted(table, {"lr": 1.0}, replay.nearest_neighbour)
+    assert schedule_rungs(table) == {"min_resource": 1, "reduction_factor": 3}
+    curve, judged_at = restarted(table, {"lr": 1.0}, nearest_neighbour)
     # 1 epoch (its own), 3 epochs (the nearest that completed: low's), then the 9 of the full run.
     assert curve.values == [0.4, 0.1, 0.2, 0.5, *high.values] and len(curve.epoch_s) == 13
     assert judged_at == {1: 1, 4: 3, 13: 9}
@@ -345,8 +354,8 @@ def test_a_restarted_trial_runs_each_short_schedule_then_the_full_one_judged_at_
 
     study = tmp_path / "hand.yaml"
     study.write_text(STUDY.replace("{name: threshold, options: {lower: 0.5}}", "{name: none}"))
-    spec = replay.spec_with({"pruner": {"name": "threshold", "options": {"lower": 0.25}}}, table, 0, study)
-    run = replay.replay(table, spec, lookup=lambda t, p: high, n_trials=1, restarts=True)
+    spec = spec_with({"pruner": {"name": "threshold", "options": {"lower": 0.25}}}, table, 0, study)
+    run = replay(table, spec, lookup=lambda t, p: high, n_trials=1, restarts=True)
     # Another lookup than the nearest: each short run is the weighted mean of those recorded, 0.3 to
     # 0.4 at 1 epoch, 0.5 at 3 (low's alone), above 0.25: the full run completes at 5 + 13 s.
     [trial] = run.trials
@@ -354,6 +363,4 @@ def test_a_restarted_trial_runs_each_short_schedule_then_the_full_one_judged_at_
     assert [e for _, _, e in run.events if e.startswith("epoch")] == [f"epoch {n}" for n in range(1, 14)]
 
     with pytest.raises(ValueError, match="not rungs of one factor"):
-        replay.schedule_rungs(
-            Table("val_accuracy", "maximize", 9, 1, space, [low, high], short={2: short[1]})
-        )
+        schedule_rungs(Table("val_accuracy", "maximize", 9, 1, space, [low, high], short={2: short[1]}))

@@ -10,7 +10,9 @@ import optuna
 import pytest
 
 from bench import replay_divergence as rd
-from bench.replay import LOOKUPS, Table, replay, strategy_spec
+from bench.replay_simulation import replay
+from bench.replay_strategies import strategy_spec
+from bench.replay_table import LOOKUPS, Table
 
 pytestmark = pytest.mark.fast
 

@@ -1,5 +1,10 @@
 """Config keys declared once, for the trainer's config and the study file's sections alike.
 
+It lives in the trainer because the trainer's own config is built with it and the trainer never imports
+the service; ``hpo/config`` builds its sections with it too, and holds what only a study file needs
+(nested sections, a document's keys) in ``hpo/config/fields.py``. The study file's wording of a problem
+stays here beside the trainer's: both are one translation of pydantic's errors (:func:`problem_of`).
+
 A key is a field of a :func:`config_dataclass`: the annotation is its type, and :func:`field` gives its
 default, its bounds and its help text (the ``--help`` line and the JSON schema's description). pydantic
 validates: types are strict (``true`` is not an integer, ``"3"`` not a number; an integer is accepted where
@@ -9,8 +14,6 @@ stay in ``__post_init__``.
 pydantic reports every problem it finds, with its location; a user gets one line about the first, worded as
 each kind of file has always worded it: the trainer's flat config (``batch_size must be a int, got True``)
 and the study file's nested sections (``study.n_trials: must be an integer, got 'ten'``).
-
-The service imports this module; the trainer never imports the service.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, TypeVar, Union
 
 import pydantic
-from pydantic import BeforeValidator, ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError
 from pydantic_core import ErrorDetails
 from typing_extensions import dataclass_transform
 
@@ -118,32 +121,15 @@ def build(cls: type[T], data: Any) -> T:
         data = {}
     if not isinstance(data, Mapping):
         raise KeyProblem("", f"must be a mapping, got {kind(data)}")
-    _check_names(data)
+    check_names(data)
     return cls(**data)
 
 
-def check_keys(data: Mapping[Any, Any], owner: type[Any]) -> None:
-    """Every key of ``data`` is one of the dataclass ``owner``'s (for a mapping that is not built)."""
-    _check_names(data)
-    valid = {f.name for f in dataclasses.fields(owner)}
-    for key in data:
-        if key not in valid:
-            raise KeyProblem(key, unknown_key(key, owner))
-
-
-def _check_names(data: Mapping[Any, Any]) -> None:
+def check_names(data: Mapping[Any, Any]) -> None:
+    """Every key of a mapping of keys is a string."""
     for key in data:
         if not isinstance(key, str):
             raise KeyProblem("", f"keys must be names, got {key!r}")
-
-
-def nested(cls: type[Any]) -> BeforeValidator:
-    """The annotation metadata of a key that holds a section: ``Annotated[SamplerSpec, nested(SamplerSpec)]``.
-
-    Strict types would want an instance there: the section is built from its mapping (null: every default),
-    so that its problems are reported at their own key path.
-    """
-    return BeforeValidator(functools.partial(build, cls))
 
 
 def unknown_key(key: str, owner: type[Any], *, flat: bool = False) -> str:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import optuna
 
 from hpo import record, study_record
+from hpo.budget.cost import study_cost
 from hpo.slurm import accounting
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def measure(
     if ray_jobs:
         return _ray_allocation(spec, trials, ray_jobs)
     own = [t for t in trials if record.is_own(t) and t.state.name != "WAITING"]
-    cost = accounting.study_cost(spec, own)
+    cost = study_cost(spec, own)
     finished = [
         cost.of(cost.per_trial[t.number])
         for t in own

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from hpo import record, search, study_record
+from hpo.budget.cost import study_cost
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -197,7 +198,7 @@ def saving(study: optuna.Study, spec: StudySpec) -> str:
     counted = record.counted_trials(study)
     not_started = max(0, spec.study.n_trials - sum(1 for t in counted if t.state.name != "WAITING"))
     finished = [t for t in counted if t.state.is_finished()]
-    cost = accounting.study_cost(spec, finished)
+    cost = study_cost(spec, finished)
     per_trial = cost.total / len(cost.per_trial) if cost.per_trial else 0.0
     hours = not_started * per_trial
     if spec.study.budget is not None:

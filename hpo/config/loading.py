@@ -16,9 +16,9 @@ from typing import Any
 import yaml
 
 from hpo.config.schema import StudySpec, build_spec
-from hpo.config.values import _join, _KeyProblem
 from hpo.errors import StudyFileError
 from trainer.errors import ConfigError
+from trainer.fields import KeyProblem, join
 from trainer.yamlfile import MAX_DEPTH, YamlLoader, load_yaml_mapping
 
 _INTERPOLATION = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -39,7 +39,7 @@ def load_study(
         raise StudyFileError(str(err)) from None
     try:
         document = _interpolate(document, "")
-    except _KeyProblem as problem:
+    except KeyProblem as problem:
         raise StudyFileError(f"{source}: {problem}") from None
     overridden: list[str] = []
     for assignment in overrides:
@@ -49,7 +49,7 @@ def load_study(
         spec = build_spec(document, source)
         _check_paths(spec)
         return spec
-    except _KeyProblem as problem:
+    except KeyProblem as problem:
         culprit = next(
             (k for k in overridden if problem.path == k or problem.path.startswith((k + ".", k + "["))), None
         )
@@ -65,19 +65,19 @@ def _check_paths(spec: StudySpec) -> None:
         if not text:
             continue
         if "\0" in text:
-            raise _KeyProblem(key, "contains a NUL character")
+            raise KeyProblem(key, "contains a NUL character")
         path = text.removeprefix("journal:").removeprefix("//") if key == "study.storage" else text
         if path.startswith("~"):
             try:
                 Path(path).expanduser()
             except RuntimeError:  # ~name of no user, or no HOME
-                raise _KeyProblem(key, f"cannot expand {path.split('/')[0]!r}: no such user's home") from None
+                raise KeyProblem(key, f"cannot expand {path.split('/')[0]!r}: no such user's home") from None
 
 
 def _interpolate(value: Any, path: str) -> Any:
     """Replace ``${VAR}`` and ``${VAR:-default}`` in strings; ``$$`` is a literal ``$``."""
     if isinstance(value, dict):
-        return {key: _interpolate(item, _join(path, str(key))) for key, item in value.items()}
+        return {key: _interpolate(item, join(path, str(key))) for key, item in value.items()}
     if isinstance(value, list):
         return [_interpolate(item, f"{path}[{i}]") for i, item in enumerate(value)]
     if not isinstance(value, str) or "$" not in value:
@@ -91,7 +91,7 @@ def _interpolate(value: Any, path: str) -> Any:
             return os.environ[name]
         if default is not None:
             return default
-        raise _KeyProblem(
+        raise KeyProblem(
             path, f"environment variable {name} is not set (write ${{{name}:-default}} for a default)"
         )
 

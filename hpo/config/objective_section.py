@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from hpo.config.user_code import RUNTIME_PLACEHOLDERS, TemplateError, placeholders
-from hpo.config.values import _FUNCTION, _NAME, _RANK_VARIABLES, _KeyProblem, _single_line
-from trainer.fields import config_dataclass, field
+from hpo.config.values import FUNCTION, NAME, RANK_VARIABLES, check_single_line
+from trainer.fields import KeyProblem, config_dataclass, field
 
 
 @config_dataclass()
@@ -52,32 +52,32 @@ class ObjectiveSection:
 
     def __post_init__(self) -> None:
         if (self.command is None) == (self.function is None):
-            raise _KeyProblem(
+            raise KeyProblem(
                 "command",
                 "give one of command (a program and its arguments) or function (package.module:name)",
             )
         if self.command is not None:
             if not self.command:
-                raise _KeyProblem("command", "is empty: give the program and its arguments")
+                raise KeyProblem("command", "is empty: give the program and its arguments")
             for index, element in enumerate(self.command):
                 key = f"command[{index}]"
                 if "\0" in element:
-                    raise _KeyProblem(key, "contains a NUL character")
+                    raise KeyProblem(key, "contains a NUL character")
                 try:
                     names = placeholders(element)
                 except TemplateError as err:
-                    raise _KeyProblem(key, f"{err}: {element!r}") from None
+                    raise KeyProblem(key, f"{err}: {element!r}") from None
                 if index == 0 and names and element != "{python}":
                     # A parameter value (read back from a shared database) must never pick the program.
-                    raise _KeyProblem(
+                    raise KeyProblem(
                         key, f"the program may be {{python}} or a fixed name or path, got {element!r}"
                     )
         else:
             for key in ("metric_pattern", "final_pattern"):
                 if getattr(self, key) is not None:
-                    raise _KeyProblem(key, "applies to a command objective, not a function")
-            if not _FUNCTION.fullmatch(str(self.function)):
-                raise _KeyProblem("function", f"must be package.module:name, got {self.function!r}")
+                    raise KeyProblem(key, "applies to a command objective, not a function")
+            if not FUNCTION.fullmatch(str(self.function)):
+                raise KeyProblem("function", f"must be package.module:name, got {self.function!r}")
         for key in ("metric_pattern", "final_pattern"):
             pattern = getattr(self, key)
             if pattern is None:
@@ -85,23 +85,23 @@ class ObjectiveSection:
             try:
                 groups = re.compile(pattern).groupindex
             except re.error as err:
-                raise _KeyProblem(key, f"is not a regular expression ({err}): {pattern!r}") from None
+                raise KeyProblem(key, f"is not a regular expression ({err}): {pattern!r}") from None
             if "value" not in groups:
-                raise _KeyProblem(key, f"needs a group (?P<value>...) for the metric: {pattern!r}")
+                raise KeyProblem(key, f"needs a group (?P<value>...) for the metric: {pattern!r}")
         for name, value in self.fixed.items():
-            if not _NAME.fullmatch(name):
-                raise _KeyProblem(f"fixed.{name}", "must be a name (letters, digits and _)")
+            if not NAME.fullmatch(name):
+                raise KeyProblem(f"fixed.{name}", "must be a name (letters, digits and _)")
             if name in RUNTIME_PLACEHOLDERS:
-                raise _KeyProblem(f"fixed.{name}", "is set by the service for each trial")
-            _single_line(f"fixed.{name}", str(value))
+                raise KeyProblem(f"fixed.{name}", "is set by the service for each trial")
+            check_single_line(f"fixed.{name}", str(value))
         for name, value in self.env.items():
-            if not _NAME.fullmatch(name):
-                raise _KeyProblem(f"env.{name}", "must be an environment variable name")
-            if name.startswith("HPO_") or name in _RANK_VARIABLES:
-                raise _KeyProblem(f"env.{name}", "is set by the service for each trial and rank")
-            _single_line(f"env.{name}", value)
+            if not NAME.fullmatch(name):
+                raise KeyProblem(f"env.{name}", "must be an environment variable name")
+            if name.startswith("HPO_") or name in RANK_VARIABLES:
+                raise KeyProblem(f"env.{name}", "is set by the service for each trial and rank")
+            check_single_line(f"env.{name}", value)
         if self.cwd is not None:
-            _single_line("cwd", self.cwd)
+            check_single_line("cwd", self.cwd)
 
     def placeholder_names(self) -> list[str]:
         return [name for element in self.command or [] for name in placeholders(element)]

@@ -7,16 +7,15 @@ import re
 from typing import Any
 
 from hpo.config.values import (
-    _ACCOUNT,
-    _SBATCH_OPTION,
+    ACCOUNT,
+    SBATCH_OPTION,
     Executor,
-    _KeyProblem,
-    _safe_name,
-    _simple_command,
-    _single_line,
+    check_safe_name,
+    check_simple_command,
+    check_single_line,
     parse_duration_min,
 )
-from trainer.fields import config_dataclass, field
+from trainer.fields import KeyProblem, config_dataclass, field
 
 
 @config_dataclass()
@@ -65,17 +64,15 @@ class Resources:
             parse_duration_min("worker_time", self.worker_time)
         _check_placement(self.partition, self.account, self.qos, self.sbatch)
         if self.constraint is not None and not re.fullmatch(r"[A-Za-z0-9_.\-&|\[\]*:()!]+", self.constraint):
-            raise _KeyProblem("constraint", f"is not a Slurm constraint expression: {self.constraint!r}")
+            raise KeyProblem("constraint", f"is not a Slurm constraint expression: {self.constraint!r}")
         for index, line in enumerate(self.setup):
-            _simple_command(f"setup[{index}]", line)
+            check_simple_command(f"setup[{index}]", line)
         if self.executor == "local" and self.nodes > 1:
-            raise _KeyProblem(
-                "nodes", f"the local executor runs on this machine only; got nodes={self.nodes}"
-            )
+            raise KeyProblem("nodes", f"the local executor runs on this machine only; got nodes={self.nodes}")
         if self.python is not None:
-            _single_line("python", self.python)
+            check_single_line("python", self.python)
         if self.trials_per_gpu > 1 and self.gpus_per_node > 1:
-            raise _KeyProblem(
+            raise KeyProblem(
                 "trials_per_gpu",
                 f"packs trials of one GPU; gpus_per_node is {self.gpus_per_node} (a one-process trial "
                 "uses one GPU: set gpus_per_node to 1)",
@@ -117,18 +114,18 @@ def _check_placement(
     """Names that go into a job script: nothing that needs quoting, one line each."""
     for key, value in (("partition", partition), ("qos", qos)):
         if value is not None:
-            _safe_name(key, value)
+            check_safe_name(key, value)
     # Jean Zay's accounts look like abc@a100.
-    if account is not None and not _ACCOUNT.fullmatch(account):
-        raise _KeyProblem(
+    if account is not None and not ACCOUNT.fullmatch(account):
+        raise KeyProblem(
             "account", f"may contain only letters, digits, '.', '_', '-' and '@', got {account!r}"
         )
     for option, value in sbatch.items():
-        if not _SBATCH_OPTION.fullmatch(option):
-            raise _KeyProblem(f"sbatch.{option}", "is not an sbatch long option name (like mail-type)")
+        if not SBATCH_OPTION.fullmatch(option):
+            raise KeyProblem(f"sbatch.{option}", "is not an sbatch long option name (like mail-type)")
         if not isinstance(value, str | int | float | bool):
-            raise _KeyProblem(f"sbatch.{option}", f"must be a single value, got {value!r}")
-        _single_line(f"sbatch.{option}", str(value))
+            raise KeyProblem(f"sbatch.{option}", f"must be a single value, got {value!r}")
+        check_single_line(f"sbatch.{option}", str(value))
 
 
 @config_dataclass()

@@ -33,11 +33,12 @@ from pydantic_core import core_schema
 from hpo.config.user_code import RUNTIME_PLACEHOLDERS, placeholders
 from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig, field_names
 from trainer.errors import ConfigError
-from trainer.fields import KeyProblem, build, check_keys, config_dataclass, field, join, kind
+from trainer.fields import KeyProblem, build, config_dataclass, field, join, kind
 
 if TYPE_CHECKING:
     from pydantic.json_schema import CoreSchemaOrField
 
+from hpo.config.fields import check_keys
 from hpo.config.objective_section import ObjectiveSection
 from hpo.config.resources import LauncherSection, Resources
 from hpo.config.space import ParamSpec
@@ -48,7 +49,7 @@ from hpo.config.study_section import (
     PrunerSpec,
     StudySection,
 )
-from hpo.config.values import _NAME, _VARIABLE, METRICS, PRUNERS, RAY_ONLY_PRUNERS, _KeyProblem
+from hpo.config.values import METRICS, NAME, PRUNERS, RAY_ONLY_PRUNERS, VARIABLE
 
 _Section = TypeVar("_Section")
 
@@ -163,16 +164,16 @@ def default_search(study_doc: dict[str, Any]) -> tuple[bool, bool]:
 def build_spec(document: dict[str, Any], source: str) -> StudySpec:
     try:
         check_keys(document, _StudyFile)
-    except _KeyProblem as err:
-        raise _KeyProblem(err.path, _section_hint(err.path) or err.problem) from None
+    except KeyProblem as err:
+        raise KeyProblem(err.path, _section_hint(err.path) or err.problem) from None
     if "study" not in document:
-        raise _KeyProblem("study", "section is missing (it needs at least a name)")
+        raise KeyProblem("study", "section is missing (it needs at least a name)")
     study_doc = document["study"]
     pruner_doc = study_doc.get("pruner") if isinstance(study_doc, dict) else None
     pruner_name = pruner_doc.get("name") if isinstance(pruner_doc, dict) else None
     if isinstance(pruner_name, str) and pruner_name.lower() in PRUNER_ALIASES:
         name = PRUNER_ALIASES[pruner_name.lower()]
-        raise _KeyProblem(
+        raise KeyProblem(
             "study.pruner.name",
             f"got {pruner_name!r}: that is {name!r} here ({PRUNER_ALIAS_WHY[name]}); must be one of "
             + ", ".join((*PRUNERS, *RAY_ONLY_PRUNERS)),
@@ -211,14 +212,14 @@ def _build_spec(document: dict[str, Any], source: str, study: StudySection) -> S
     if "objective" in document:
         return _build_objective_spec(document, source, study, resources)
     if study.metric not in METRICS:
-        raise _KeyProblem(
+        raise KeyProblem(
             "study.metric",
             f"the trainer reports {', '.join(METRICS)}; got {study.metric!r} (an objective section "
             "names its own metric)",
         )
     trainer = _or_empty(document.get("trainer"))
     if not isinstance(trainer, dict):
-        raise _KeyProblem("trainer", f"must be a mapping of trainer keys, got {kind(trainer)}")
+        raise KeyProblem("trainer", f"must be a mapping of trainer keys, got {kind(trainer)}")
     _check_trainer_section(trainer)
     space_doc = _space_document(
         document, "must be a mapping of trainer keys", "name at least one trainer key to tune"
@@ -237,7 +238,7 @@ def _build_spec(document: dict[str, Any], source: str, study: StudySection) -> S
     )
     _check_space_against_trainer(spec)
     if study.pruner.name == "pbt" and "momentum" in space and trainer.get("cycle_momentum"):
-        raise _KeyProblem(
+        raise KeyProblem(
             "trainer.cycle_momentum",
             "OneCycle's momentum cycle would overwrite the momentum PBT perturbs mid-run; turn one off",
         )
@@ -250,22 +251,22 @@ def _build_objective_spec(
 ) -> StudySpec:
     """A study of the user's own code: parameters of any name, no trainer section."""
     if "trainer" in document:
-        raise _KeyProblem(
+        raise KeyProblem(
             "objective", "a study tunes the built-in trainer or its own objective, not both: remove trainer"
         )
     objective = _section(ObjectiveSection, document["objective"], "objective")
     if study.profile_trials:
-        raise _KeyProblem(
+        raise KeyProblem(
             "study.profile_trials", "profiles the built-in trainer; profile your own code in your script"
         )
     if study.direction is None:
-        raise _KeyProblem("study.direction", f"is required for metric {study.metric!r}: maximize or minimize")
+        raise KeyProblem("study.direction", f"is required for metric {study.metric!r}: maximize or minimize")
     if study.pruner.name == "pbt":
-        raise _KeyProblem("study.pruner.name", "pbt hands weights between trials: the built-in trainer only")
+        raise KeyProblem("study.pruner.name", "pbt hands weights between trials: the built-in trainer only")
     space = _objective_space(document, objective)
     warnings = _command_warnings(source, objective, space) if objective.command is not None else []
     if resources.tasks_per_node > 1 and study.backend == "ray":
-        raise _KeyProblem(
+        raise KeyProblem(
             "resources.tasks_per_node",
             "a Ray-backend trial of an objective section is one process; use backend optuna for DDP",
         )
@@ -288,9 +289,9 @@ def _build_objective_spec(
 def _space_document(document: dict[str, Any], not_mapping: str, empty: str) -> dict[Any, Any]:
     space_doc = _or_empty(document.get("search_space"))
     if not isinstance(space_doc, dict):
-        raise _KeyProblem("search_space", f"{not_mapping}, got {kind(space_doc)}")
+        raise KeyProblem("search_space", f"{not_mapping}, got {kind(space_doc)}")
     if not space_doc:
-        raise _KeyProblem("search_space", f"is empty: {empty}")
+        raise KeyProblem("search_space", f"is empty: {empty}")
     return space_doc
 
 
@@ -301,16 +302,14 @@ def _objective_space(document: dict[str, Any], objective: ObjectiveSection) -> d
     )
     space = {}
     for name, param_doc in space_doc.items():
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise _KeyProblem(f"search_space.{name}", "must be a name (letters, digits and _)")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise KeyProblem(f"search_space.{name}", "must be a name (letters, digits and _)")
         space[name] = _section(ParamSpec, param_doc, f"search_space.{name}")
         if space[name].scale_with_batch_size is not None:
-            raise _KeyProblem(
-                f"search_space.{name}.scale_with_batch_size", "applies to the trainer's lr only"
-            )
+            raise KeyProblem(f"search_space.{name}.scale_with_batch_size", "applies to the trainer's lr only")
         if name in objective.fixed or name in RUNTIME_PLACEHOLDERS:
             where = "objective.fixed" if name in objective.fixed else "the service (for each trial)"
-            raise _KeyProblem(f"search_space.{name}", f"is also set by {where}; keep it in one place")
+            raise KeyProblem(f"search_space.{name}", f"is also set by {where}; keep it in one place")
     return space
 
 
@@ -321,7 +320,7 @@ def _command_warnings(source: str, objective: ObjectiveSection, space: dict[str,
     for index, element in enumerate(objective.command):
         for name in placeholders(element):
             if name not in known:
-                raise _KeyProblem(
+                raise KeyProblem(
                     f"objective.command[{index}]",
                     f"{{{name}}} names no parameter; known: {', '.join('{' + k + '}' for k in known)}",
                 )
@@ -343,7 +342,7 @@ def _check_whole(spec: StudySpec) -> None:
     _check_enqueued(spec)
     _check_packing(spec)
     if spec.study.also_minimize == "gpu_hours" and not spec.resources.gpus_per_node:
-        raise _KeyProblem("study.also_minimize", "gpu_hours needs resources.gpus_per_node; use cpu_hours")
+        raise KeyProblem("study.also_minimize", "gpu_hours needs resources.gpus_per_node; use cpu_hours")
 
 
 def _check_packing(spec: StudySpec) -> None:
@@ -352,7 +351,7 @@ def _check_packing(spec: StudySpec) -> None:
     if not res.packed:
         return
     if spec.trial_ranks > 1:
-        raise _KeyProblem(
+        raise KeyProblem(
             "resources.trials_per_gpu",
             f"packs one-process trials; these are DDP runs of {spec.trial_ranks} processes "
             "(set tasks_per_node and nodes to 1, or trials_per_gpu to 1)",
@@ -364,7 +363,7 @@ def _section(cls: type[_Section], data: Any, path: str) -> _Section:
     try:
         return build(cls, data)
     except KeyProblem as problem:
-        raise _KeyProblem(join(path, problem.path), problem.problem) from None
+        raise KeyProblem(join(path, problem.path), problem.problem) from None
 
 
 def _or_empty(section: Any) -> Any:
@@ -378,16 +377,16 @@ def tunable_keys() -> list[str]:
 
 def _check_trainer_section(trainer: dict[str, Any]) -> None:
     if "checkpoint_dir" in trainer:
-        raise _KeyProblem("trainer.checkpoint_dir", "is set by the service for each trial (under workdir)")
+        raise KeyProblem("trainer.checkpoint_dir", "is set by the service for each trial (under workdir)")
     for key, instead in (("tensorboard_dir", "study.tensorboard"), ("profile_dir", "study.profile_trials")):
         if key in trainer:
-            raise _KeyProblem(
+            raise KeyProblem(
                 f"trainer.{key}", f"is set by the service for each trial (under workdir): use {instead}"
             )
     try:
         TrainConfig.from_mapping(trainer)
     except ConfigError as err:
-        raise _KeyProblem("trainer", str(err)) from None
+        raise KeyProblem("trainer", str(err)) from None
 
 
 def _check_space_against_trainer(spec: StudySpec) -> None:
@@ -395,16 +394,16 @@ def _check_space_against_trainer(spec: StudySpec) -> None:
     for name, param in spec.search_space.items():
         path = f"search_space.{name}"
         if name not in valid:
-            raise _KeyProblem(path, f"is not a tunable trainer key; valid keys: {', '.join(valid)}")
+            raise KeyProblem(path, f"is not a tunable trainer key; valid keys: {', '.join(valid)}")
         if name in spec.trainer:
-            raise _KeyProblem(path, "is also fixed in the trainer section; keep it in one place")
+            raise KeyProblem(path, "is also fixed in the trainer section; keep it in one place")
         if param.scale_with_batch_size is not None and name != "lr":
-            raise _KeyProblem(f"{path}.scale_with_batch_size", "applies to lr only")
+            raise KeyProblem(f"{path}.scale_with_batch_size", "applies to lr only")
         for value in param.values_to_check():
             try:
                 TrainConfig.from_mapping({**spec.trainer, name: value})
             except ConfigError as err:
-                raise _KeyProblem(path, str(err)) from None
+                raise KeyProblem(path, str(err)) from None
 
 
 def _check_enqueued(spec: StudySpec) -> None:
@@ -412,19 +411,19 @@ def _check_enqueued(spec: StudySpec) -> None:
         path = f"study.enqueue[{index}]"
         unknown = sorted(set(params) - set(spec.search_space))
         if unknown:
-            raise _KeyProblem(
+            raise KeyProblem(
                 path, f"{unknown[0]!r} is not in search_space; searched keys: {', '.join(spec.search_space)}"
             )
         for name, value in params.items():
             problem = spec.search_space[name].rejects(value)
             if problem:
-                raise _KeyProblem(f"{path}.{name}", problem)
+                raise KeyProblem(f"{path}.{name}", problem)
         if spec.objective is not None:
             continue
         try:
             spec.trainer_config(params)
         except ConfigError as err:
-            raise _KeyProblem(path, str(err)) from None
+            raise KeyProblem(path, str(err)) from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -441,7 +440,7 @@ def json_schema() -> dict[str, Any]:
     # trainer section. Without: the trainer's tunable keys and metrics.
     schema["if"] = {"required": ["objective"]}
     schema["then"] = {
-        "properties": {"search_space": {"propertyNames": {"pattern": _NAME.pattern}}},
+        "properties": {"search_space": {"propertyNames": {"pattern": NAME.pattern}}},
         "not": {"required": ["trainer"]},
     }
     schema["else"] = {
@@ -474,4 +473,4 @@ class _StudyFileSchema(GenerateJsonSchema):
 
 
 def _or_variable(schema: JsonSchemaValue) -> JsonSchemaValue:
-    return {"anyOf": [schema, {"type": "string", "pattern": _VARIABLE}]}
+    return {"anyOf": [schema, {"type": "string", "pattern": VARIABLE}]}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hpo.config.values import PARAM_TYPES, ParamType, _KeyProblem
-from trainer.fields import config_dataclass, field
+from hpo.config.values import PARAM_TYPES, ParamType
+from trainer.fields import KeyProblem, config_dataclass, field
 
 
 @config_dataclass()
@@ -29,50 +29,48 @@ class ParamSpec:
         if self.type == "categorical":
             for key in ("low", "high", "step"):
                 if getattr(self, key) is not None:
-                    raise _KeyProblem(key, "does not apply to a categorical parameter (use choices)")
+                    raise KeyProblem(key, "does not apply to a categorical parameter (use choices)")
             if self.log or self.power_of_two:
-                raise _KeyProblem(
+                raise KeyProblem(
                     "log" if self.log else "power_of_two", "does not apply to a categorical parameter"
                 )
             if not self.choices:
-                raise _KeyProblem("choices", "must be a non-empty list")
+                raise KeyProblem("choices", "must be a non-empty list")
             if len(set(map(repr, self.choices))) != len(self.choices):
-                raise _KeyProblem("choices", f"has duplicates: {self.choices!r}")
+                raise KeyProblem("choices", f"has duplicates: {self.choices!r}")
             for value in self.choices:
                 if not isinstance(value, str | int | float | bool) and value is not None:
-                    raise _KeyProblem(
-                        "choices", f"values must be numbers, strings or booleans, got {value!r}"
-                    )
+                    raise KeyProblem("choices", f"values must be numbers, strings or booleans, got {value!r}")
             return
         if self.choices is not None:
-            raise _KeyProblem("choices", f"applies to categorical parameters, not {self.type}")
+            raise KeyProblem("choices", f"applies to categorical parameters, not {self.type}")
         if self.low is None or self.high is None:
-            raise _KeyProblem(
+            raise KeyProblem(
                 "low" if self.low is None else "high", f"is required for a {self.type} parameter"
             )
         if self.type == "int":
             for key in ("low", "high", "step"):
                 value = getattr(self, key)
                 if value is not None and value != int(value):
-                    raise _KeyProblem(key, f"must be an integer for an int parameter, got {value!r}")
+                    raise KeyProblem(key, f"must be an integer for an int parameter, got {value!r}")
         if not self.low < self.high:
-            raise _KeyProblem("high", f"must be greater than low ({self.low!r}), got {self.high!r}")
+            raise KeyProblem("high", f"must be greater than low ({self.low!r}), got {self.high!r}")
         if self.log and self.low <= 0:
-            raise _KeyProblem("low", f"must be > 0 on a log scale, got {self.low!r}")
+            raise KeyProblem("low", f"must be > 0 on a log scale, got {self.low!r}")
         if self.step is not None:
             if not self.step > 0:
-                raise _KeyProblem("step", f"must be > 0, got {self.step!r}")
+                raise KeyProblem("step", f"must be > 0, got {self.step!r}")
             if self.log:
-                raise _KeyProblem("step", "cannot be combined with log: true (Optuna does not support it)")
+                raise KeyProblem("step", "cannot be combined with log: true (Optuna does not support it)")
         if self.power_of_two:
             if self.type != "int":
-                raise _KeyProblem("power_of_two", "applies to int parameters only")
+                raise KeyProblem("power_of_two", "applies to int parameters only")
             for key in ("low", "high"):
                 value = int(getattr(self, key))
                 if value < 1 or value & (value - 1):
-                    raise _KeyProblem(key, f"must be a power of two, got {value}")
+                    raise KeyProblem(key, f"must be a power of two, got {value}")
             if self.log or self.step is not None:
-                raise _KeyProblem("power_of_two", "cannot be combined with log or step")
+                raise KeyProblem("power_of_two", "cannot be combined with log or step")
 
     def rejects(self, value: Any) -> str | None:
         """Why ``value`` is not in this distribution (an enqueued trial must be), or None."""

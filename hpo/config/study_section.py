@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from hpo.config.fields import nested
 from hpo.config.values import (
-    _NAME,
     COST_OBJECTIVES,
     METRICS,
+    NAME,
     PRUNERS,
     SAMPLERS,
     Backend,
@@ -16,11 +17,10 @@ from hpo.config.values import (
     OptunaPruner,
     RayOnlyPruner,
     Sampler,
-    _KeyProblem,
-    _safe_name,
+    check_safe_name,
     parse_duration_min,
 )
-from trainer.fields import config_dataclass, field, nested
+from trainer.fields import KeyProblem, config_dataclass, field
 
 
 @config_dataclass()
@@ -90,9 +90,9 @@ class StopSpec:
 
     def __post_init__(self) -> None:
         if self.patience is None and self.min_improvement:
-            raise _KeyProblem("min_improvement", "applies with patience; set patience too")
+            raise KeyProblem("min_improvement", "applies with patience; set patience too")
         if not self.terminator and self.noise is not None:
-            raise _KeyProblem("noise", "applies to the terminator; set terminator: true too")
+            raise KeyProblem("noise", "applies to the terminator; set terminator: true too")
 
     @property
     def active(self) -> bool:
@@ -123,11 +123,11 @@ class WarmStartSpec:
 
     def __post_init__(self) -> None:
         for index, name in enumerate(self.studies):
-            _safe_name(f"studies[{index}]", name)
+            check_safe_name(f"studies[{index}]", name)
         if self.enqueue_best_of is not None:
-            _safe_name("enqueue_best_of", self.enqueue_best_of)
+            check_safe_name("enqueue_best_of", self.enqueue_best_of)
         if self.storage is not None and not (self.studies or self.enqueue_best_of):
-            raise _KeyProblem("studies", "is empty: name the studies to warm-start from")
+            raise KeyProblem("studies", "is empty: name the studies to warm-start from")
 
     @property
     def sources(self) -> list[str]:
@@ -230,46 +230,51 @@ class StudySection:
     )
 
     def __post_init__(self) -> None:
-        _safe_name("name", self.name)
+        check_safe_name("name", self.name)
         if self.name in self.warm_start.sources and self.warm_start.storage is None:
             key = "studies" if self.name in self.warm_start.studies else "enqueue_best_of"
-            raise _KeyProblem(f"warm_start.{key}", f"names this study itself ({self.name!r})")
-        if not _NAME.fullmatch(self.metric):
-            raise _KeyProblem("metric", f"must be a name (letters, digits and _), got {self.metric!r}")
+            raise KeyProblem(f"warm_start.{key}", f"names this study itself ({self.name!r})")
+        if not NAME.fullmatch(self.metric):
+            raise KeyProblem("metric", f"must be a name (letters, digits and _), got {self.metric!r}")
         if self.direction is None and self.metric in METRICS:
             self.direction = METRICS[self.metric]
         if self.also_minimize is not None:
             if self.pruner.name != "none":
-                raise _KeyProblem(
+                raise KeyProblem(
                     "pruner.name",
                     f"Optuna cannot prune a multi-objective study (also_minimize is set); got "
                     f"{self.pruner.name!r}, use none",
                 )
             if self.backend != "optuna":
-                raise _KeyProblem(
+                raise KeyProblem(
                     "also_minimize", "the ray backend optimizes one objective; use backend optuna"
                 )
         if self.timeout is not None:
             parse_duration_min("timeout", self.timeout)
         if self.stop.active and self.also_minimize is not None:
-            raise _KeyProblem(
+            raise KeyProblem(
                 "stop", "a stop rule reads one metric; a multi-objective study (also_minimize) has none"
             )
         if self.profile_trials and self.backend == "ray":
-            raise _KeyProblem(
+            raise KeyProblem(
                 "profile_trials", "profiles trials of backend optuna (Ray Tune names its own trials)"
             )
         if self.profile_trials and self.warm_start.studies:
             # Imported trials take the first numbers: no trial run here would be below K.
-            raise _KeyProblem(
+            raise KeyProblem(
                 "profile_trials",
                 "counts trials from 0, which a warm start's imported trials take; profile a cold study",
             )
         if self.pruner.name == "pbt" and (self.stop.active or self.budget is not None):
             # PBT trains its whole population at once, from start to end: nothing to hold back.
             key = "stop" if self.stop.active else "budget"
-            raise _KeyProblem(key, "does not apply to pbt, whose population trains at once; use n_trials")
+            raise KeyProblem(key, "does not apply to pbt, whose population trains at once; use n_trials")
 
     @property
     def timeout_min(self) -> float | None:
         return None if self.timeout is None else parse_duration_min("timeout", self.timeout)
+
+    @property
+    def on_ray(self) -> bool:
+        """Whether Ray Tune runs the trials (inside one allocation), rather than the launcher."""
+        return self.backend == "ray"

@@ -7,7 +7,7 @@ import re
 import typing
 from typing import Literal
 
-from trainer.fields import KeyProblem, join
+from trainer.fields import KeyProblem
 
 Direction = Literal["maximize", "minimize"]
 # The built-in trainer's metrics; an objective section names its own.
@@ -37,19 +37,15 @@ PARAM_TYPES: tuple[str, ...] = typing.get_args(ParamType)
 
 # Names that end up in sbatch scripts, job names and file paths: no quoting needed anywhere.
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_ACCOUNT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
-_SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9-]*$")
+ACCOUNT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
+SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9-]*$")
 # A whole value written ${VAR} or ${VAR:-default}: hpo.config.loading reads it as the value of VAR.
-_VARIABLE = r"^\$\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\}$"
+VARIABLE = r"^\$\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\}$"
 # A parameter or metric of the user's own objective: a placeholder name, a Tune result key.
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # What the service sets for each rank of a trial's command (torchrun's names).
-_RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
-
-# The names loading.py (and the tests) know these by.
-_KeyProblem = KeyProblem
-_join = join
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
@@ -59,7 +55,7 @@ _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 def parse_duration_min(key: str, value: str | int | float) -> float:
     """Minutes from ``90`` (minutes), ``90s``/``30m``/``2h``/``1d`` or Slurm's ``[D-]HH:MM:SS`` forms."""
     if isinstance(value, bool):
-        raise _KeyProblem(key, f"must be a duration, got {value!r}")
+        raise KeyProblem(key, f"must be a duration, got {value!r}")
     if isinstance(value, int | float):
         minutes = float(value)
     else:
@@ -71,11 +67,11 @@ def parse_duration_min(key: str, value: str | int | float) -> float:
         elif slurm:
             minutes = _slurm_minutes(text, slurm)
         else:
-            raise _KeyProblem(
+            raise KeyProblem(
                 key, f"is not a duration (minutes, 90s, 30m, 2h, 1d, HH:MM:SS, D-HH:MM), got {value!r}"
             )
     if not minutes > 0:
-        raise _KeyProblem(key, f"must be a positive duration, got {value!r}")
+        raise KeyProblem(key, f"must be a positive duration, got {value!r}")
     return minutes
 
 
@@ -92,29 +88,29 @@ def _slurm_minutes(text: str, match: re.Match[str]) -> float:
     return numbers[0] * 60 + numbers[1] + numbers[2] / 60  # H:M:S
 
 
-def _safe_name(key: str, value: str) -> None:
+def check_safe_name(key: str, value: str) -> None:
     if len(value) > 100:  # a job name, a folder name: within every filesystem's and Slurm's limits
-        raise _KeyProblem(key, f"may be at most 100 characters long, got {len(value)}")
+        raise KeyProblem(key, f"may be at most 100 characters long, got {len(value)}")
     if not _SAFE_NAME.fullmatch(value):
-        raise _KeyProblem(key, f"may contain only letters, digits, '.', '_' and '-', got {value!r}")
+        raise KeyProblem(key, f"may contain only letters, digits, '.', '_' and '-', got {value!r}")
 
 
 _SHELL_SYNTAX = re.compile(r"[;&|`<>'\"\\]|\$\(")
 
 
-def _simple_command(key: str, line: str) -> None:
+def check_simple_command(key: str, line: str) -> None:
     """A set-up line goes verbatim into the job script: one simple command (module load, source,
     conda activate, export X=$Y), nothing that chains, substitutes, redirects or quotes."""
-    _single_line(key, line)
+    check_single_line(key, line)
     found = _SHELL_SYNTAX.search(line)
     if found:
-        raise _KeyProblem(
+        raise KeyProblem(
             key,
             f"must be one simple command (no {found.group(0)!r}; put anything more in a script and "
             f"source it), got {line!r}",
         )
 
 
-def _single_line(key: str, value: str) -> None:
+def check_single_line(key: str, value: str) -> None:
     if any(ch in value for ch in "\n\r\x00"):
-        raise _KeyProblem(key, f"must be a single line, got {value!r}")
+        raise KeyProblem(key, f"must be a single line, got {value!r}")

@@ -1,5 +1,6 @@
 """What every dispatch mode shares: opening the study for a launch, the trials in flight, how a
-trial's end is seen and logged, and the summary at the end.
+trial's end is seen and logged, and the summary at the end. Where the jobs run is the executor's
+business (``hpo.executors``): this module asks it, and never which one it is.
 
 Asynchronous dispatch: the moment a trial ends, the next one is asked and submitted; there are no
 synchronous batches leaving GPUs idle. A trial's end is seen in the storage, where the trial
@@ -21,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import failures, record, search, study_record, warm_start
+from hpo import executors, failures, record, search, study_record, warm_start
 from hpo.budget import admission
 from hpo.dispatch.lease import Lease
 from hpo.dispatch.progress import Progress
-from hpo.slurm import executors
+from hpo.slurm import executors as slurm_jobs
 from hpo.storage import StorageRef, check_reachable
 from hpo.trial.objective import Objective
 
@@ -38,9 +39,10 @@ if TYPE_CHECKING:
 @dataclasses.dataclass
 class LaunchOptions:
     executor: str
+    """The name of its executor (``hpo.executors.REGISTRY``)."""
     workers: int | None = None
     objective: Objective | None = None
-    """None: the study's own (``hpo.trial.objective.objective_for``)."""
+    """None: the study's own (``hpo.trial.task.objective_for``)."""
     poll_interval_s: float = 0.25
     progress: bool = True
     """A live progress line (plain lines when not on a terminal)."""
@@ -54,10 +56,11 @@ class InFlight:
     number: int
     trial_id: int
     job_id: str
-    executor: str
+    executor: executors.Executor
     tasks: int
     job: Any = None
-    """The submitit job; None for a local process re-attached by pid after a relaunch."""
+    """The submitit job; None where the executor watches a job by its id (a local process
+    re-attached by pid after a relaunch)."""
     told_at: float | None = None
     """When its job was first seen with no trial of its own running (monotonic), its trial and
     any packed with it told: the job may still be exiting."""
@@ -153,7 +156,8 @@ def signals_deferred() -> Iterator[Deferral]:
 
 
 class Dispatcher:
-    """What both dispatch modes share: the trials in flight, their end, the budget, the log."""
+    """What the per-trial and --workers modes share: the trials in flight, their end, the budget,
+    the log."""
 
     def __init__(
         self,
@@ -175,7 +179,9 @@ class Dispatcher:
         self.started = time.time()
         self.space = search.distributions(spec)
         self.in_flight: list[InFlight] = []
-        self.slurm = executors.SlurmStates(log=log)
+        self.executor = executors.get(options.executor, log)
+        """The launch's own executor; the jobs of an earlier launch are watched by theirs."""
+        self._executors = {self.executor.name: self.executor}
         self.best: float | None = None
         self.progress = progress
         self.claim = claim
@@ -209,18 +215,20 @@ class Dispatcher:
                     entry.job.cancel(check=False)
         return cut
 
-    def _take_over_running_trials(self, per_trial: bool) -> dict[str, str]:
+    def _take_over_running_trials(self, per_trial: bool) -> dict[str, executors.Executor]:
         """Deal with the trials a previous launcher left RUNNING: re-attach per-trial jobs that
         still run (``per_trial``), fail those whose job is gone. Returns the live workers' job ids
-        with their kind (``slurm`` or ``local``, as they were submitted)."""
+        with their executor (as they were submitted)."""
 
-        live_workers: dict[str, str] = {}
+        live_workers: dict[str, executors.Executor] = {}
         failed = False
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            executor = trial.user_attrs.get(record.ATTR_EXECUTOR)
+            mode = record.dispatch_mode(trial)
             job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
             if job_id is None:
-                if executor != "worker":  # none: the ask itself failed after creating the trial
+                if (
+                    mode != record.DispatchMode.WORKERS
+                ):  # none: the ask itself failed after creating the trial
                     with contextlib.suppress(RuntimeError, ValueError):
                         record.close_not_run(
                             self.study,
@@ -229,42 +237,43 @@ class Dispatcher:
                         )
                 continue  # a worker's trial between ask and start: its worker tells it
             job_id = str(job_id)
-            kind = str(trial.user_attrs.get(record.ATTR_JOB_KIND, executor))
+            executor = self.executor_named(record.executor_name(trial) or self.executor.name)
             slot = trial.user_attrs.get(record.ATTR_PACK_SLOT)
             entry = InFlight(
                 trial.number,
                 record.trial_id(trial),
                 job_id,
-                kind,
+                executor,
                 self.spec.resources.world_size,
+                job=executor.job(self.spec, job_id),
                 slot=None if slot is None else int(slot),
             )
-            if kind == "slurm":
-                entry.job = executors.slurm_job(self.spec, job_id)
             if self._ended(entry):
                 self._fail(trial.number, self._end_reason(entry))
                 failed = True
-            elif executor == "worker":
-                live_workers[job_id] = kind
+            elif mode == record.DispatchMode.WORKERS:
+                live_workers[job_id] = executor
             elif per_trial:
                 self.in_flight.append(entry)
-                self.log(f"trial {trial.number} re-attached to {kind} job {job_id}")
+                self.log(f"trial {trial.number} re-attached to {executor.name} job {job_id}")
         if failed:  # a job that ended while no launcher watched it is retried as any other
             self._queue_retries()
         return live_workers
 
+    def executor_named(self, name: str) -> executors.Executor:
+        """The executor of this name, one per launch (its view of its jobs' states is shared)."""
+        if name not in self._executors:
+            self._executors[name] = executors.get(name, self.log)
+        return self._executors[name]
+
     def _ended(self, entry: InFlight) -> bool:
-        if entry.job is None:
-            return not executors.local_process_alive(entry.job_id)
-        if entry.executor == "slurm":
-            return self.slurm.ended(entry.job)
-        return bool(entry.job.done())
+        return entry.executor.ended(entry.job_id, entry.job)
 
     def _end_reason(self, entry: InFlight) -> str:
         if entry.job is None:
-            return f"local process {entry.job_id} exited without telling a result"
-        state = self.slurm.state(entry.job) if entry.executor == "slurm" else "exited"
-        detail = executors.error_line(self.spec, entry.job_id, entry.tasks, entry.slot)
+            return f"{entry.executor.name} process {entry.job_id} exited without telling a result"
+        state = entry.executor.end_state(entry.job)
+        detail = slurm_jobs.error_line(self.spec, entry.job_id, entry.tasks, entry.slot)
         reason = f"job {entry.job_id} {state} without telling a result" + (f": {detail}" if detail else "")
         if study_record.cancel_requested_at(self.study) >= self.started:
             # Seen before `hpo cancel` wrote its own reason on the trial: the cancel ended it.
@@ -330,11 +339,7 @@ class Dispatcher:
         if not running:
             return
         numbers = ", ".join(str(entry.number) for entry in running)
-        if self.options.executor == "slurm":
-            self.log(f"launcher stopped; trials {numbers} keep running as Slurm jobs: `hpo launch` again "
-                     "re-attaches to them, `hpo cancel` stops them")  # fmt: skip
-        else:
-            self.log(f"launcher stopped while trials {numbers} ran; `hpo launch` again resumes the study")
+        self.log(self.executor.interrupted_line(numbers))
 
 
 def steps_warning(spec: StudySpec, number: int, last: int) -> str:
@@ -350,7 +355,7 @@ def queue_retries(study: optuna.Study, spec: StudySpec, log: Log) -> None:
         log(f"trial {number} failed: queued a retry with the same parameters")
 
 
-def worker_entry(job: Any, executor: str) -> InFlight:
+def worker_entry(job: Any, executor: executors.Executor) -> InFlight:
     return InFlight(-1, -1, str(job.job_id), executor, 1, job)
 
 

@@ -1,4 +1,5 @@
-"""Per-trial jobs: each trial is one Slurm job (or local process), up to ``max_concurrent`` at once."""
+"""Per-trial jobs: each trial is one job of the study's executor (a Slurm job, a local process), up
+to ``max_concurrent`` at once."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import optuna
 from hpo import record
 from hpo.dispatch.common import Deferral, Dispatcher, InFlight, signals_deferred
 from hpo.errors import LaunchError, NotReadyError, one_line
-from hpo.slurm import executors
+from hpo.slurm import executors as slurm_jobs
 from hpo.trial import retries
 from hpo.trial.packing import PackedJob
 from hpo.trial.task import TrialTask, objective_for
@@ -42,9 +43,7 @@ class PerTrialDispatcher(Dispatcher):
     site's job limit, where one more job would be refused)."""
 
     def run(self) -> None:
-        executor = executors.make_executor(
-            self.spec, self.options.executor, job_name=executors.job_name(self.spec), direct=True
-        )
+        executor = self.executor.submitter(self.spec, job_name=slurm_jobs.job_name(self.spec), direct=True)
         self._take_over_running_trials(per_trial=True)
         # Every storage call waits out a database outage on its own (hpo.storage's policy).
         while not self._round(executor):
@@ -101,7 +100,7 @@ class PerTrialDispatcher(Dispatcher):
         for slot, trial in enumerate(trials):
             retries.inherit_checkpoint(self.spec, trial)
             asked: dict[str, Any] = {
-                record.ATTR_EXECUTOR: self.options.executor,
+                **record.placement(self.executor.name, record.DispatchMode.PER_TRIAL),
                 record.ATTR_ASKED_AT: record.now_iso(),
             }
             if packed:
@@ -116,7 +115,7 @@ class PerTrialDispatcher(Dispatcher):
         job_task: Any = PackedJob(list(tasks)) if packed else tasks[0]
         try:
             # A controller restart is waited out here, the trial held (closed if the launcher stops).
-            job = executors.submit_when_controller_answers(
+            job = slurm_jobs.submit_when_controller_answers(
                 lambda: executor.submit(job_task), self.log, deferral.sleep, still_wanted=self._still_wanted
             )
         except CancelledMeanwhile:
@@ -134,7 +133,7 @@ class PerTrialDispatcher(Dispatcher):
                 trial.number,
                 record.trial_id(trial),
                 str(job.job_id),
-                self.options.executor,
+                self.executor,
                 self.spec.resources.world_size,
                 job,
                 slot=slot if packed else None,
@@ -144,7 +143,7 @@ class PerTrialDispatcher(Dispatcher):
             retry_of = trial.user_attrs.get(record.ATTR_RETRY_OF)
             shared = f", {len(trials)} trials on its GPU" if packed else ""
             self.log(
-                f"trial {trial.number} submitted as {self.options.executor} job {job.job_id}{shared}: {record.format_params(trial.params)}"
+                f"trial {trial.number} submitted as {self.executor.name} job {job.job_id}{shared}: {record.format_params(trial.params)}"
                 + (f" (retry of trial {retry_of})" if retry_of is not None else "")
             )
 
@@ -187,8 +186,8 @@ class PerTrialDispatcher(Dispatcher):
             self._queue_retries()
 
     def _still_holds_resources(self, entry: InFlight) -> bool:
-        """A Slurm job whose trial has told its result is still on the cluster while its process
-        exits. Its place in ``max_concurrent`` goes to the next trial once the process has left its
+        """A job whose trial has told its result (on an executor whose jobs outlive their trial:
+        Slurm) is still on the cluster while its process exits. Its place in ``max_concurrent`` goes to the next trial once the process has left its
         result file, the last thing it writes (no RPC: a file on the shared folder), or once Slurm
         says the job ended. At the site's job limit (``hold_jobs_until_gone``) that is not enough:
         the job counts against the limit until squeue no longer lists it, so the launcher waits
@@ -196,23 +195,19 @@ class PerTrialDispatcher(Dispatcher):
         stuck in the queue holds its place for at most ``JOB_EXIT_WAIT_S``."""
         if any(other.finished is None for other in self.in_flight if other.job_id == entry.job_id):
             return True  # trials packed with it still train on the job's GPU
-        if entry.executor != "slurm":
+        if not entry.executor.outlives_trial:
             return False
         now = time.monotonic()
         if entry.told_at is None:
             entry.told_at = now
         if now - entry.told_at > JOB_EXIT_WAIT_S:
             return False
-        if not self.hold_jobs_until_gone:
-            return entry.job is not None and not self.slurm.ended(entry.job)
-        # squeue cannot tell (None): the slot is not held on a guess.
-        return bool(self.slurm.queued(entry.job_id, QUEUE_READ_S))
+        max_age_s = QUEUE_READ_S if self.hold_jobs_until_gone else None
+        return entry.executor.still_queued(entry.job_id, entry.job, max_age_s)
 
     def _out_of_memory(self, entry: InFlight) -> bool:
-        """Slurm killed the job for exceeding its memory: the parameters are infeasible there."""
+        """The executor killed the job for exceeding its memory: the parameters are infeasible there."""
         return (
-            entry.executor == "slurm"
-            and entry.slot is None  # a packed job's memory was its trials': whose fault is not known
-            and entry.job is not None
-            and self.slurm.state(entry.job) == "OUT_OF_MEMORY"
+            entry.slot is None  # a packed job's memory was its trials': whose fault is not known
+            and entry.executor.killed_for_memory(entry.job)
         )

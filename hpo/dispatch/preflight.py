@@ -15,13 +15,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 import stat
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpo import search
+from hpo import executors, search
 from hpo.config import parse_duration_min
 from hpo.config.user_code import import_function, placeholders
 from hpo.dispatch.ray import ddp_trial, population
@@ -32,7 +31,7 @@ from hpo.errors import NotReadyError, StudyFileError, one_line, optional_extra
 from hpo.journal import cannot_write, shared_filesystem_warning
 from hpo.paths import why_not_creatable, why_not_writable, why_not_writable_file
 from hpo.slurm import limits
-from hpo.storage import DEFAULT_JOURNAL, JOURNAL_PREFIX
+from hpo.storage import default_storage, journal_file
 from trainer.config import TrainConfig
 from trainer.errors import ConfigError
 from trainer.sources import check_data_available, dsdir_hint
@@ -43,7 +42,7 @@ if TYPE_CHECKING:
 
 def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach: bool, dry_run: bool) -> None:
     """The checks of ``hpo launch``, cheapest first; ``dry_run`` stops after those of the file."""
-    if spec.study.backend == "ray":
+    if spec.study.on_ray:
         check_ray_settings(spec)
     else:
         search.validate_optuna_settings(spec)
@@ -61,22 +60,24 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
         check_objective(spec)
     if dry_run:
         return
-    if detach and executor != "slurm":
+    runs_on = executors.get(executor)
+    if detach and runs_on.on_this_machine:
         raise StudyFileError(
             f"--detach: the launcher runs as a Slurm job, for trials that run as Slurm jobs; "
             f"{spec.source}: resources.executor is {executor} (add --executor slurm)"
         )
-    check_executor_available(spec, executor)
+    runs_on.check_ready(spec)
 
-    if executor == "slurm" and spec.study.storage and spec.study.storage.startswith(JOURNAL_PREFIX):
-        warning = shared_filesystem_warning(Path(spec.study.storage[len(JOURNAL_PREFIX) :]))
+    journal = journal_file(spec.study.storage)
+    if not runs_on.on_this_machine and journal is not None:
+        warning = shared_filesystem_warning(journal)
         if warning is not None:
             spec.warnings.append(warning)
-    if executor == "slurm":
+    if runs_on.site_limited:
         nodes, gpus, cpus = _job_shape(spec)
         check_partition_capacity(spec, nodes, gpus, cpus)
         check_qos_wall(spec)
-    else:
+    if runs_on.on_this_machine:
         check_packing_fits_here(spec)
         if spec.objective is None:
             check_local_data(spec)
@@ -119,10 +120,9 @@ def check_folders(spec: StudySpec) -> None:
     a read-only mount or an immutable file refuses is this machine's state (exit 3)."""
 
     folders = [("study.workdir", spec.workdir)]
-    journal: Path | None = None
+    journal = journal_file(spec.study.storage)
     mode: int | None = None
-    if spec.study.storage and spec.study.storage.startswith(JOURNAL_PREFIX):
-        journal = Path(spec.study.storage[len(JOURNAL_PREFIX) :])
+    if journal is not None:
         try:
             mode = journal.stat().st_mode
         except (OSError, ValueError):
@@ -154,7 +154,7 @@ def check_folders(spec: StudySpec) -> None:
 
 def _journal_refused(spec: StudySpec, journal: Path, reason: str) -> NotReadyError:
     # The default journal lives in the workdir: another workdir moves it too.
-    other = "study.workdir" if journal == spec.workdir / DEFAULT_JOURNAL else "study.storage"
+    other = "study.workdir" if journal == default_storage(spec.workdir).journal_file else "study.storage"
     hint = f"make it writable, or name another with --storage or {other}"
     return cannot_write(journal, reason, hint, where=f"{spec.source}: study.storage: ")
 
@@ -184,18 +184,10 @@ def check_ray_settings(spec: StudySpec) -> None:
 def _job_shape(spec: StudySpec) -> tuple[int, int, int]:
     """Nodes, GPUs per node and CPUs per node of the job a launch submits."""
     res = spec.resources
-    if spec.study.backend == "ray":
+    if spec.study.on_ray:
         slots = slots_per_node(spec)  # one allocation holding its share of the concurrent trials
         return res.nodes, ray_gpus_per_node(spec), cpus_per_trial(spec) * slots
     return res.nodes, res.gpus_per_node, res.job_cpus_per_task * res.tasks_per_node
-
-
-def check_executor_available(spec: StudySpec, executor: str) -> None:
-    if executor == "slurm" and shutil.which("sbatch") is None:
-        raise NotReadyError(
-            f"{spec.source}: resources.executor: slurm, but there is no sbatch on this machine",
-            "run on a Slurm login node, or use executor: local (--executor local)",
-        )
 
 
 def check_qos_wall(spec: StudySpec) -> None:
@@ -260,7 +252,7 @@ def check_partition_capacity(spec: StudySpec, nodes: int, gpus_per_node: int, cp
         res = spec.resources
         packed = (
             f" ({res.trials_per_gpu} packed trials of {res.cpus_per_task})"
-            if res.packed and spec.study.backend != "ray"
+            if res.packed and not spec.study.on_ray
             else ""
         )
         raise NotReadyError(

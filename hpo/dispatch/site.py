@@ -14,6 +14,7 @@ from hpo.slurm import executors, limits
 if TYPE_CHECKING:
     from hpo.config import StudySpec
     from hpo.dispatch.common import Log
+    from hpo.executors import Executor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,8 +26,8 @@ class Fitted:
     must leave the queue before the next is submitted."""
 
 
-def fit(spec: StudySpec, executor: str, workers: int | None, log: Log) -> Fitted:
-    if executor != "slurm":
+def fit(spec: StudySpec, executor: Executor, workers: int | None, log: Log) -> Fitted:
+    if not executor.site_limited:
         return Fitted(spec, workers, False)
     per_job = spec.resources.trials_per_gpu  # trials (or workers) a job runs at once
     wanted_trials = workers or spec.study.max_concurrent

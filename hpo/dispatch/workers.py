@@ -13,7 +13,7 @@ from hpo import record
 from hpo.dispatch import site
 from hpo.dispatch.common import Dispatcher, InFlight, signals_deferred, worker_entry
 from hpo.errors import LaunchError, one_line
-from hpo.slurm import executors
+from hpo.slurm import executors as slurm_jobs
 from hpo.trial.packing import PackedJob
 from hpo.trial.task import objective_for
 from hpo.trial.worker import WorkerTask
@@ -31,7 +31,10 @@ class WorkerDispatcher(Dispatcher):
         live = self._take_over_running_trials(per_trial=False)
         # An earlier launch's workers that still run are watched as this launch's own (its
         # launcher was killed): they go on pulling trials, and count toward ``count``.
-        adopted = [self._adopt(job_id, kind) for job_id, kind in sorted(live.items())]
+        adopted = [
+            InFlight(-1, -1, job_id, executor, 1, executor.job(self.spec, job_id))
+            for job_id, executor in sorted(live.items())
+        ]
         if adopted:
             self.log(f"{len(adopted)} workers of an earlier launch still run: {', '.join(sorted(live))}")
         seen = {t.number for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()}
@@ -41,7 +44,7 @@ class WorkerDispatcher(Dispatcher):
             if self.claim is not None:
                 self.claim.confirm()
             jobs = self._submit_workers(wanted) if wanted > 0 else []
-            watched = [worker_entry(job, self.options.executor) for job in jobs] + adopted
+            watched = [worker_entry(job, self.executor) for job in jobs] + adopted
             finished_before = len(seen)
             reported_at = time.monotonic()
             while not all(self._ended(entry) for entry in watched):
@@ -58,13 +61,8 @@ class WorkerDispatcher(Dispatcher):
             adopted = []  # the earlier launch's workers are not waited for twice
             if len(seen) == finished_before and self._counted() < self.spec.study.n_trials:
                 raise LaunchError(
-                    f"{len(watched)} workers ended without finishing a trial; see their logs in {executors.jobs_folder(self.spec)}"
+                    f"{len(watched)} workers ended without finishing a trial; see their logs in {slurm_jobs.jobs_folder(self.spec)}"
                 )
-
-    def _adopt(self, job_id: str, kind: str) -> InFlight:
-        if kind == "slurm":
-            return InFlight(-1, -1, job_id, "slurm", 1, executors.slurm_job(self.spec, job_id))
-        return InFlight(-1, -1, job_id, "local", 1)  # watched by its pid
 
     def _submit_workers(self, count: int) -> list[Any]:
         res = self.spec.resources
@@ -75,12 +73,11 @@ class WorkerDispatcher(Dispatcher):
             time_min = max(
                 res.time_min, min(time_min, math.ceil((self.deadline - time.time()) / 60) + res.time_min)
             )
-        if self.options.executor == "slurm":
+        if self.executor.site_limited:
             time_min = site.job_time_min(self.spec, time_min, "workers", self.log)
-        executor = executors.make_executor(
+        executor = self.executor.submitter(
             self.spec,
-            self.options.executor,
-            job_name=executors.job_name(self.spec, "worker"),
+            job_name=slurm_jobs.job_name(self.spec, "worker"),
             array_parallelism=math.ceil(count / self.spec.resources.trials_per_gpu),
             time_min=time_min,
             direct=True,
@@ -106,12 +103,12 @@ class WorkerDispatcher(Dispatcher):
 
         try:
             with signals_deferred() as deferral:
-                jobs = executors.submit_when_controller_answers(submit_array, self.log, deferral.sleep)
+                jobs = slurm_jobs.submit_when_controller_answers(submit_array, self.log, deferral.sleep)
         except Exception as err:
             raise LaunchError(f"worker submission failed: {one_line(err, last=True, name=False)}") from None
         packed = f", {per_job} workers per job" if self.spec.resources.packed else ""
         self.log(
-            f"{count} workers submitted as {self.options.executor} jobs {', '.join(str(j.job_id) for j in jobs)} ({time_min} min each{packed})"
+            f"{count} workers submitted as {self.executor.name} jobs {', '.join(str(j.job_id) for j in jobs)} ({time_min} min each{packed})"
         )
         return jobs
 

@@ -13,8 +13,6 @@ import sys
 from typing import TYPE_CHECKING
 
 from hpo.errors import LaunchError, StudyFileError, optional_extra
-from hpo.observe.tunnel import login_host
-from hpo.storage import open_storage
 
 if TYPE_CHECKING:
     import optuna
@@ -23,10 +21,17 @@ if TYPE_CHECKING:
     from hpo.storage import StorageRef
 
 DEFAULT_PORT = 8080
+DEFAULT_HOST = "127.0.0.1"
+"""Where ``hpo dashboard`` listens unless told otherwise (``hpo tunnel`` forwards that port):
+this machine's own loopback, the dashboard having no authentication."""
 
 
 def serve(spec: StudySpec, ref: StorageRef, study: optuna.Study, host: str, port: int) -> int:
     """Serve the dashboard until interrupted (Ctrl-C)."""
+    # Imported here: the command line reads this module's defaults to build its parser.
+    from hpo.observe.tunnel import login_host
+    from hpo.storage import open_storage
+
     if not 0 < port < 65536:
         raise StudyFileError(f"--port: must be 1 to 65535, got {port}")
     with optional_extra("hpo dashboard", "pip install 'slurm-hpo[dashboard]'"):

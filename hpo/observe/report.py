@@ -23,10 +23,10 @@ from optuna.visualization import matplotlib as vis_mpl
 
 from hpo import record, search, study_record
 from hpo.budget import stopping
+from hpo.budget.cost import StudyCost, study_cost
 from hpo.errors import LaunchError, StudyFileError, optional_extra
 from hpo.observe import views
 from hpo.paths import private_dir
-from hpo.slurm import accounting
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -48,7 +48,7 @@ def write_report(spec: StudySpec, study: optuna.Study, out: Path) -> list[Path]:
         out = private_dir(out)
     except OSError as err:
         raise StudyFileError(f"--out: cannot create {out}: {err.strerror}") from None
-    cost = accounting.study_cost(spec, trials)
+    cost = study_cost(spec, trials)
     best_lines = _best_lines(spec, study)
     written = [
         _write_csv(study, out / "trials.csv"),
@@ -284,7 +284,7 @@ def _write_summary(
     spec: StudySpec,
     study: optuna.Study,
     trials: list[optuna.trial.FrozenTrial],
-    cost: accounting.StudyCost,
+    cost: StudyCost,
     path: Path,
 ) -> Path:
     best: dict[str, Any] | None = None
@@ -341,7 +341,7 @@ def _html_page(
     spec: StudySpec,
     study: optuna.Study,
     trials: list[optuna.trial.FrozenTrial],
-    cost: accounting.StudyCost,
+    cost: StudyCost,
     best_lines: list[str],
     plots: dict[str, Plot],
 ) -> str:

@@ -1,7 +1,7 @@
 """`hpo studies` and `hpo delete`: the studies a storage holds, and removing one.
 
 `hpo studies --storage URL` lists every study in that storage; without it, every study the user
-launched (``hpo.launches``), in whichever storage each lives. Each line: trials by state, the best
+launched (``hpo.launch_history``), in whichever storage each lives. Each line: trials by state, the best
 value, the compute its trials recorded, and whether a launcher holds it now. A storage that cannot
 be read (its server down) costs one line on stderr, which and why, and the others are still listed:
 the command fails (exit 3) only when it listed nothing and a storage failed.
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from hpo import launches, record
+from hpo import launch_history, record
 from hpo.dispatch.lease import Lease
 from hpo.errors import LaunchError, NotReadyError, StudyFileError
 from hpo.slurm import accounting, executors
@@ -35,9 +35,9 @@ if TYPE_CHECKING:
 def launched_storages() -> list[StorageRef]:
     """The storages of the user's recorded launches that still exist, each once."""
     refs: dict[str, StorageRef] = {}
-    for entry in launches.entries():
+    for entry in launch_history.entries():
         ref = StorageRef.parse(str(entry["storage"]))
-        if ref.kind == "journal" and not Path(ref.target).exists():
+        if ref.missing:
             continue  # its folder was removed
         refs.setdefault(str(ref), ref)
     return list(refs.values())
@@ -147,5 +147,5 @@ def delete_study(
         if answer.strip() != spec.study.name:
             return ["not deleted"]
     optuna.delete_study(study_name=spec.study.name, storage=storage)
-    launches.forget(Path(spec.source), spec.study.name)
+    launch_history.forget(Path(spec.source), spec.study.name)
     return [f"deleted {what}", f"its folder is left: {spec.workdir} (job logs, checkpoints)"]

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from hpo.config import StudySpec
 
 RAY_LOCAL_PORT = 8265
-OPTUNA_DASHBOARD_PORT = 8080
 
 
 def login_host() -> str:
@@ -46,7 +45,9 @@ def ray_head(spec: StudySpec, study: optuna.Study) -> dict[str, object]:
     return data
 
 
-def tunnel_commands(spec: StudySpec, study: optuna.Study, with_ray: bool) -> list[str]:
+def tunnel_commands(spec: StudySpec, study: optuna.Study, with_ray: bool, dashboard_port: int) -> list[str]:
+    """The ssh commands: to the Ray dashboard ``with_ray``, and to ``hpo dashboard`` on
+    ``dashboard_port`` (its default: this module does not import the dashboard's, which imports it)."""
     login = login_host()
     lines = []
     if with_ray:
@@ -57,9 +58,9 @@ def tunnel_commands(spec: StudySpec, study: optuna.Study, with_ray: bool) -> lis
             f"   then open http://localhost:{RAY_LOCAL_PORT}"
         )
     lines.append(
-        f"optuna-dashboard: on {login} run `hpo dashboard {spec.source} --port {OPTUNA_DASHBOARD_PORT}`, then: "
-        f"ssh -N -L {OPTUNA_DASHBOARD_PORT}:127.0.0.1:{OPTUNA_DASHBOARD_PORT} {login}"
-        f"   then open http://localhost:{OPTUNA_DASHBOARD_PORT}/dashboard/"
+        f"optuna-dashboard: on {login} run `hpo dashboard {spec.source} --port {dashboard_port}`, then: "
+        f"ssh -N -L {dashboard_port}:127.0.0.1:{dashboard_port} {login}"
+        f"   then open http://localhost:{dashboard_port}/dashboard/"
     )
     return lines
 

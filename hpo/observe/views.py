@@ -1,13 +1,11 @@
-"""Read-side commands on a stored study: ``hpo status``, ``hpo best`` and ``hpo cancel``."""
+"""Read-side commands on a stored study: ``hpo status``, ``hpo best`` and ``hpo logs``."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import shlex
-import signal
 import statistics
 import sys
 import time
@@ -18,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import paths, record, search, study_record
+from hpo import executors, paths, record, search, study_record
 from hpo.budget import stopping
+from hpo.budget.cost import StudyCost, study_cost
 from hpo.config.user_code import placeholders, render
-from hpo.dispatch.lease import Lease
 from hpo.errors import LaunchError, NotReadyError, StudyFileError
 from hpo.record import ATTR_PBT_FINAL_PARAMS, ATTR_PBT_SCHEDULE, ATTR_RETRY_OF
-from hpo.slurm import accounting, executors
+from hpo.slurm import accounting
 from hpo.storage import DatabaseUnreachable, StorageRef, driver_line, is_transient, mask, open_storage
 from hpo.trial import client
 from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig
@@ -62,14 +60,12 @@ def _not_found(spec: StudySpec, ref: StorageRef) -> str:
     this file has never been launched (it would otherwise start a second copy)."""
     from pathlib import Path
 
-    from hpo import launches
+    from hpo import launch_history
 
     where = f"{spec.source}: study.name: no study {spec.study.name!r} in {mask(str(ref))}"
-    last = launches.recorded(Path(spec.source), spec.study.name)
+    last = launch_history.recorded(Path(spec.source), spec.study.name)
     if last is None:
-        return (
-            f"{where}; this file has no recorded launch ({launches.registry_path()}): run `hpo launch` first"
-        )
+        return f"{where}; this file has no recorded launch ({launch_history.registry_path()}): run `hpo launch` first"
     if last["storage"] == str(ref):
         return f"{where}, where its last launch ({last['at']}) put it: the study was deleted, or the storage moved"
     return f"{where}; its last launch ({last['at']}) used {mask(last['storage'])}: --storage {mask(last['storage'])} reaches it"
@@ -82,7 +78,7 @@ def _unreachable(spec: StudySpec, ref: StorageRef, err: BaseException) -> NotRea
     )
 
 
-def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCost | None = None) -> list[str]:
+def status_lines(spec: StudySpec, study: optuna.Study, cost: StudyCost | None = None) -> list[str]:
     """The status table; ``cost`` when the caller already has it (one sacct call, not two)."""
     trials = record.own_trials(study)
     counts = Counter(record.shown_state(t) for t in trials)
@@ -94,7 +90,7 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
         + ", ".join(f"{counts[s]} {s}" for s in sorted(counts))
         + (f"; {imported} imported by a warm start (not listed, not counted)" if imported else ""),
     ]
-    cost = cost or accounting.study_cost(spec, trials)
+    cost = cost or study_cost(spec, trials)
     unit = "GPU-h" if cost.unit == "GPU-hours" else "CPU-h"
     # What the trials measured of themselves (the built-in trainer): shown once any trial has it.
     measured = any(record.ATTR_DATA_WAIT_SHARE in t.user_attrs for t in trials)
@@ -136,7 +132,7 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
 def _status_row(
     spec: StudySpec,
     t: optuna.trial.FrozenTrial,
-    cost: accounting.StudyCost,
+    cost: StudyCost,
     others: list[str],
     measured: bool,
     on_front: bool,
@@ -157,7 +153,7 @@ def _status_row(
         f"Pareto front, {spec.study.also_minimize}={t.values[1]:.4g}" if on_front else "",
         f"retry of {t.user_attrs[ATTR_RETRY_OF]}" if ATTR_RETRY_OF in t.user_attrs else "",
         f"requeued {t.user_attrs[record.ATTR_RESTARTS]}x" if record.ATTR_RESTARTS in t.user_attrs else "",
-        record.pack_note(t, mates.get(t.number, [])),
+        _pack_note(t, mates.get(t.number, [])),
     ]
     if any(notes):
         detail = f"{detail}  ({', '.join(n for n in notes if n)})"
@@ -178,6 +174,17 @@ def _status_row(
 def _last_of(trial: optuna.trial.FrozenTrial, name: str) -> str:
     value = record.other_metric(trial, name)
     return "-" if value is None else f"{value:.4g}"
+
+
+def _pack_note(trial: optuna.trial.FrozenTrial, mates: list[int]) -> str:
+    """What ``hpo status`` says of a trial that shared its job's GPU: the trials its per-trial
+    job ran beside it (``mates``), or its place among a --workers job's workers."""
+    if mates:
+        return f"shared its job with {', '.join(map(str, mates))}"
+    slot = trial.user_attrs.get(record.ATTR_PACK_SLOT)
+    if record.dispatch_mode(trial) == record.DispatchMode.WORKERS and slot is not None:
+        return f"worker {int(slot) + 1} of {trial.user_attrs.get(record.ATTR_PACK_SIZE)} sharing its job"
+    return ""
 
 
 INPUT_BOUND_SHARE = 0.3
@@ -242,13 +249,13 @@ def input_lines(spec: StudySpec, trials: list[optuna.trial.FrozenTrial]) -> list
     ]
 
 
-def ending_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCost) -> list[str]:
+def ending_lines(spec: StudySpec, study: optuna.Study, cost: StudyCost) -> list[str]:
     """The compute budget spent and left, a stop rule's verdict, the Terminator's last look."""
     lines = []
     if spec.study.budget is not None:
         # The Ray backend spends its allocations' hours, idle slots included: the driver's figure.
         stored = study_record.spent_hours(study)
-        spent = stored if spec.study.backend == "ray" and stored is not None else cost.total
+        spent = stored if spec.study.on_ray and stored is not None else cost.total
         left = max(0.0, spec.study.budget - spent)
         lines.append(
             f"budget: {accounting.format_hours(spent)} of {accounting.format_hours(spec.study.budget)} "
@@ -275,7 +282,7 @@ def ending_lines(spec: StudySpec, study: optuna.Study, cost: accounting.StudyCos
     return lines
 
 
-def cost_line(cost: accounting.StudyCost) -> str:
+def cost_line(cost: StudyCost) -> str:
     """The study's cost in one line: total, by state, and what pruning saved."""
     parts = ", ".join(f"{accounting.format_hours(h)} {state}" for state, h in sorted(cost.by_state.items()))
     if cost.measured:
@@ -418,87 +425,6 @@ def full_training_command(config: TrainConfig, threads: int) -> str:
     return " ".join(shlex.quote(word) for word in words)
 
 
-CANCEL_WAIT_S = 300.0
-"""How long `hpo cancel` waits for a live launcher to confirm it submits nothing more, and then
-for Slurm to show the study's jobs gone."""
-
-
-def cancel(spec: StudySpec, ref: StorageRef, study: optuna.Study) -> list[str]:
-    """Stop the study for good: once this returns, no launcher or worker submits or starts
-    another trial, no job of the study is left in Slurm's queue, and nothing stays RUNNING.
-
-    The order matters: the flag first (launchers and workers read it before every submission or
-    trial); then the live launcher's confirmation, so that a submission under way when the flag
-    was set has stored its job id or been closed; then every job, those the trials hold and those
-    found in the queue by the study's job names (a job submitted but not yet recorded)."""
-
-    requested = time.time()
-    study_record.request_cancel(study, requested)
-    lines = []
-    ray_job = study_record.ray_job(study)
-    if ray_job:  # the one allocation of a Ray-backed study holds all its trials and its driver
-        _cancel_job(spec, "slurm", str(ray_job))
-        lines.append(f"Ray job {ray_job}: cancelled")
-    holder = Lease(ref, spec.study.name).held_by_another()
-    if holder is not None:
-        deadline = time.monotonic() + CANCEL_WAIT_S
-        while (
-            study_record.cancel_seen_at(study) < requested and Lease(ref, spec.study.name).held_by_another()
-        ):
-            if time.monotonic() > deadline:
-                lines.append(f"the launcher ({holder}) did not confirm within {CANCEL_WAIT_S:.0f} s; "
-                             "cancelling what is stored and queued")  # fmt: skip
-                break
-            time.sleep(0.5)
-        else:
-            lines.append(f"launcher ({holder}): submits no more trials")
-    cancelled: set[str] = set()
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        executor = trial.user_attrs.get(record.ATTR_EXECUTOR)
-        kind = trial.user_attrs.get(record.ATTR_JOB_KIND, executor)
-        job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
-        if job_id is not None and kind != "ray" and str(job_id) not in cancelled:  # packed: once
-            _cancel_job(spec, kind, str(job_id))
-            cancelled.add(str(job_id))
-        # Both raise if the trial ended on its own meanwhile: then its state stands.
-        with contextlib.suppress(RuntimeError, ValueError):
-            record.fail(study, trial, record.REASON_CANCELLED)
-            lines.append(f"trial {trial.number}: cancelled {kind} job {job_id or '-'}")
-    lines += _cancel_queued(spec, cancelled)
-    return lines or ["no running trial; launchers and workers of this study take no new trial"]
-
-
-def _cancel_queued(spec: StudySpec, cancelled: set[str]) -> list[str]:
-    """Cancel the study's jobs still in Slurm's queue (workers, a pending detached launcher, a
-    job no trial holds yet) and wait until the queue shows none."""
-    lines = []
-    names = ", ".join(executors.job_name(spec, role) for role in executors.JOB_ROLES)
-    queued = executors.queued_jobs(spec)
-    for job_id in queued:
-        if job_id not in cancelled:
-            _cancel_job(spec, "slurm", job_id)
-            lines.append(f"Slurm job {job_id}: cancelled (found by its name, one of {names})")
-    deadline = time.monotonic() + CANCEL_WAIT_S
-    while queued:
-        if time.monotonic() > deadline:
-            lines.append(f"still in Slurm's queue after {CANCEL_WAIT_S:.0f} s: {', '.join(queued)}")
-            break
-        time.sleep(0.5)
-        queued = executors.queued_jobs(spec)
-    return lines
-
-
-def _cancel_job(spec: StudySpec, kind: Any, job_id: str) -> None:
-    if kind == "local":
-        if executors.local_process_alive(job_id):
-            os.kill(int(job_id), signal.SIGINT)  # submitit's local controller forwards it to the tasks
-        return
-    try:
-        executors.slurm_job(spec, job_id).cancel(check=False)
-    except OSError as err:
-        raise LaunchError(f"cannot cancel Slurm job {job_id}: {err}") from None
-
-
 def trial_trace(spec: StudySpec, study: optuna.Study, number: int) -> list[str]:
     """Where trial ``number``'s torch.profiler trace is, and how to open it."""
     trial = _trial(spec, study, number)
@@ -533,12 +459,13 @@ def _log_path(spec: StudySpec, trial: optuna.trial.FrozenTrial, stderr: bool) ->
     job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
     if job_id is None:
         raise LaunchError(f"trial {trial.number} ({trial.state.name}) never started in a job: it has no log")
-    if trial.user_attrs.get(record.ATTR_EXECUTOR) == "ray":
+    if record.dispatch_mode(trial) == record.DispatchMode.RAY:
         raise LaunchError(
             f"trial {trial.number} ran in Ray job {job_id}: its log is under {spec.workdir / 'ray_results'}"
         )
     slot = trial.user_attrs.get(record.ATTR_PACK_SLOT)  # a packed job's trial has a log of its own
-    return executors.job_log(spec, str(job_id), slot=None if slot is None else int(slot), stderr=stderr)
+    executor = executors.get(record.executor_name(trial) or spec.resources.executor)
+    return executor.log(spec, str(job_id), slot=None if slot is None else int(slot), stderr=stderr)
 
 
 FOLLOW_POLL_S = 0.5
@@ -583,17 +510,17 @@ def trial_log(spec: StudySpec, study: optuna.Study, number: int, stderr: bool) -
     """The Slurm (or local) output of trial ``number``'s job, rank 0's."""
     trial = _trial(spec, study, number)
     job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
-    executor = trial.user_attrs.get(record.ATTR_EXECUTOR)
+    mode = record.dispatch_mode(trial)
     try:
         path = _log_path(spec, trial, stderr)
     except LaunchError as err:
-        if executor == "ray":
+        if mode == record.DispatchMode.RAY:
             return str(err)
         raise
     try:
         text = path.read_text(errors="replace")
     except OSError as err:
         raise LaunchError(f"trial {number}: cannot read {path}: {err.strerror}") from None
-    if executor == "worker":  # a worker's log holds every trial it ran
+    if mode == record.DispatchMode.WORKERS:  # a worker's log holds every trial it ran
         return f"[worker job {job_id}: the log of every trial it ran]\n{text}"
     return text

@@ -2,7 +2,10 @@
 
 submitit does the submission, the pickling of the task, job state through sacct and the logs;
 this module only maps the study file's ``resources`` section onto its parameters and re-creates
-job handles from stored job ids when a launcher resumes a study.
+job handles from stored job ids when a launcher resumes a study. It is the one module that uses
+submitit's private names (``_make_sbatch_string``, the ``submitit.core._submit`` entry point): a
+submitit release that changes them breaks here only. ``hpo.executors`` puts these functions
+behind the executor protocol.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from hpo.errors import LaunchError, one_line
 from hpo.paths import private_dir
-from hpo.trial import packing
 
 T = TypeVar("T")
 
@@ -81,35 +83,38 @@ def remove_unnamed_folder(folder: Path) -> None:
         (folder / "%j").rmdir()
 
 
-def make_executor(
+def local_executor(spec: StudySpec, time_min: int | None = None) -> Any:
+    """A submitit LocalExecutor whose processes get the study's per-trial resources (``time_min``
+    overrides the time limit, for --workers jobs that run many trials)."""
+    folder = private_dir(jobs_folder(spec))  # submitit's pickles are code
+    res = spec.resources
+    local = submitit.LocalExecutor(folder=folder / "%j", python=res.python or sys.executable)
+    local.update_parameters(
+        timeout_min=time_min or res.time_min,
+        # submitit's local default signals 30 s before the limit, which a short local trial
+        # takes as its limit (an epoch of 40 s in a 1 min trial would requeue until it fails);
+        # the trainer checkpoints every epoch, so the signal only needs time to requeue.
+        signal_delay_s=LOCAL_SIGNAL_DELAY_S,
+        tasks_per_node=res.tasks_per_node,
+        gpus_per_node=res.gpus_per_node,
+        setup=list(res.setup),
+    )
+    return local
+
+
+def slurm_executor(
     spec: StudySpec,
-    executor: str,
-    *,
     job_name: str,
     array_parallelism: int | None = None,
     time_min: int | None = None,
     direct: bool = False,
 ) -> Any:
-    """A submitit executor whose jobs get the study's per-trial resources (``time_min`` overrides
-    the time limit, for --workers jobs that run many trials; ``direct``: see :func:`runs_direct`)."""
-
+    """A submitit SlurmExecutor whose jobs get the study's per-trial resources (``time_min``
+    overrides the time limit, for --workers jobs that run many trials; ``direct``: see
+    :func:`runs_direct`)."""
     folder = private_dir(jobs_folder(spec))  # submitit's pickles are code
-    res = spec.resources
-    python = res.python or sys.executable
-    if executor == "local":
-        local = submitit.LocalExecutor(folder=folder / "%j", python=python)
-        local.update_parameters(
-            timeout_min=time_min or res.time_min,
-            # submitit's local default signals 30 s before the limit, which a short local trial
-            # takes as its limit (an epoch of 40 s in a 1 min trial would requeue until it fails);
-            # the trainer checkpoints every epoch, so the signal only needs time to requeue.
-            signal_delay_s=LOCAL_SIGNAL_DELAY_S,
-            tasks_per_node=res.tasks_per_node,
-            gpus_per_node=res.gpus_per_node,
-            setup=list(res.setup),
-        )
-        return local
     direct = direct and runs_direct(spec)
+    python = spec.resources.python or sys.executable
     slurm = submitit.SlurmExecutor(folder=folder / "%j", python=_interpreter(python, direct))
     slurm.update_parameters(**slurm_parameters(spec, job_name, array_parallelism, time_min, direct))
     return slurm
@@ -193,11 +198,20 @@ def render_sbatch(
 def sbatch_text(spec: StudySpec, params: dict[str, Any], folder: Path) -> str:
     """The script submitit submits with ``params`` from ``folder``."""
     python = _interpreter(spec.resources.python or sys.executable, params.get("use_srun") is False)
-    command = f"{python} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    command = f"{python} -u -m {_SUBMIT_MODULE} {shlex.quote(str(folder))}"
     # submitit renders the script at submission with this function; calling it directly works
     # where there is no srun (a SlurmExecutor refuses to exist there).
     text: str = _make_sbatch_string(command=command, folder=folder, **params)
     return text
+
+
+_SUBMIT_MODULE = "submitit.core._submit"
+"""What a submitit job runs: the job's pickle unpickled and called."""
+
+
+def local_job_command() -> str:
+    """How a local job starts (``hpo launch --dry-run`` shows it)."""
+    return f"{sys.executable} -m {_SUBMIT_MODULE} <job folder>"
 
 
 JOB_ROLES = ("", "worker", "launcher", "ray")
@@ -432,8 +446,13 @@ def job_log(
     """A job's log of task ``task``, or the own log of member ``slot`` of a packed job."""
     paths = JobPaths(jobs_folder(spec) / "%j", job_id, task)
     if slot is not None:
-        return packing.member_log(Path(paths.stderr).parent, job_id, slot, stderr)
+        return member_log(Path(paths.stderr).parent, job_id, slot, stderr)
     return Path(paths.stderr if stderr else paths.stdout)
+
+
+def member_log(folder: Path, job_id: str, slot: int, stderr: bool) -> Path:
+    """A packed job member's own output, beside submitit's logs of the job (``hpo.trial.packing``)."""
+    return folder / f"{job_id}_slot{slot}_log.{'err' if stderr else 'out'}"
 
 
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|slurmstepd: error)\b")

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from hpo import record
+from hpo import executors, record
 from hpo.config.user_code import render
 from hpo.paths import checkpoint_dir, private_dir, trial_dir
 from hpo.trial import client
@@ -246,7 +246,7 @@ class _Command:
         """The command died of a signal this process did not send."""
         name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
         if self._terminated.wait(OWN_SIGNAL_GRACE_S) or (
-            _slurm_job_ending() and self._terminated.wait(WAIT_FOR_OWN_SIGNAL_S)
+            executors.here().job_ending() and self._terminated.wait(WAIT_FOR_OWN_SIGNAL_S)
         ):
             # Slurm is ending the job (scancel, scontrol requeue, preemption): the trial stays
             # RUNNING for the requeued job, or for the launcher to fail from Slurm's state.
@@ -453,25 +453,6 @@ def _step(found: re.Match[str], counted: int) -> int | None:
         return int(found.group("step") or "")
     except ValueError:
         return None
-
-
-def _slurm_job_ending() -> bool:
-    """Whether Slurm is ending this job (cancelled, requeued, preempted, at its time limit): its
-    state is no longer RUNNING. Not in a Slurm job: False. Slurm unreachable: True (the caller
-    then waits for Slurm's signal as it would for an ending job)."""
-    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or "SLURM_JOB_ID" not in os.environ:
-        return False
-    try:
-        shown = subprocess.run(
-            ["scontrol", "show", "job", "--oneliner", os.environ["SLURM_JOB_ID"]],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return True
-    state = re.search(r"\bJobState=(\S+)", shown.stdout)
-    return state is None or state.group(1) != "RUNNING"
 
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h

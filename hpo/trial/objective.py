@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from hpo import joblog, record
 from hpo.config.user_code import import_function
 from hpo.paths import checkpoint_dir, private_dir, profile_dir, tensorboard_dir
-from hpo.trial import client
+from hpo.trial import client, measured
 from trainer.reporting import Decision, EpochMetrics
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ class TrainerObjective:
                     else {}
                 ),
                 record.ATTR_IMAGES_PER_S: result.train_images_per_s,
-                **record.measurement_attrs([m.to_dict() for m in result.history], result.world_size),
+                **measured.measurement_attrs([m.to_dict() for m in result.history], result.world_size),
                 **({record.ATTR_TENSORBOARD_DIR: config.tensorboard_dir} if config.tensorboard_dir else {}),
                 **({record.ATTR_PROFILE_TRACE: config.profile_dir} if config.profile_dir else {}),
                 **(

@@ -30,6 +30,7 @@ import submitit
 from submitit.core.utils import cloudpickle_dump, pickle_load
 
 from hpo import joblog
+from hpo.slurm.executors import member_log
 
 log = logging.getLogger("hpo.trial.packing")  # also when run as __main__ (a member)
 
@@ -46,11 +47,6 @@ ANSWER_WAIT_S = 60.0
 before the time limit)."""
 
 POLL_S = 0.5
-
-
-def member_log(folder: Path, job_id: str, slot: int, stderr: bool) -> Path:
-    """A member's own output, beside submitit's logs of the job."""
-    return folder / f"{job_id}_slot{slot}_log.{'err' if stderr else 'out'}"
 
 
 @dataclasses.dataclass

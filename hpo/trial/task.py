@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import math
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -23,9 +22,8 @@ from typing import TYPE_CHECKING, Any
 import optuna
 import submitit
 
-from hpo import failures, joblog, record, search
+from hpo import executors, failures, joblog, record, search
 from hpo.errors import one_line
-from hpo.slurm import accounting
 from hpo.storage import StorageRef, open_storage, with_retries
 from hpo.trial import packing, retries
 from hpo.trial.command_objective import CommandObjective
@@ -261,7 +259,7 @@ def _finish_attrs(
 ) -> dict[str, Any]:
     # Attributes can no longer be set once the trial is told, so they are written just before.
     elapsed = time.monotonic() - started
-    gpus, cpus = accounting.own_allocation(spec)
+    gpus, cpus = own_allocation(spec)
     attrs = {
         **attrs,
         record.ATTR_ELAPSED_S: round(elapsed, 3),
@@ -283,10 +281,9 @@ def _tell(
 
 
 def job_identity() -> dict[str, Any]:
-    """The Slurm job id and node list of this process (or the local controller's pid and host),
-    and its place in its job where the job runs several trials at once."""
-    # submitit says which executor started us: a local trial on an interactive Slurm node also
-    # sees SLURM_JOB_ID, which is not its job.
+    """The job id and node list of this process (a local job: its controller's pid and this
+    host), and its place in its job where the job runs several trials at once."""
+    job_id, nodes = executors.here().identity()
     packed = (
         {
             record.ATTR_PACK_SLOT: int(os.environ[packing.ENV_SLOT]),
@@ -295,19 +292,13 @@ def job_identity() -> dict[str, Any]:
         if packing.ENV_SLOT in os.environ
         else {}
     )
-    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-        array = os.environ.get("SLURM_ARRAY_JOB_ID")
-        job_id = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ["SLURM_JOB_ID"]
-        return {
-            record.ATTR_JOB_ID: job_id,
-            record.ATTR_NODES: os.environ.get("SLURM_JOB_NODELIST", ""),
-            **packed,
-        }
-    return {
-        record.ATTR_JOB_ID: os.environ.get("SUBMITIT_LOCAL_JOB_ID", str(os.getpid())),
-        record.ATTR_NODES: socket.gethostname(),
-        **packed,
-    }
+    return {record.ATTR_JOB_ID: job_id, record.ATTR_NODES: nodes, **packed}
+
+
+def own_allocation(spec: StudySpec) -> tuple[float, float]:
+    """(GPUs, CPUs) of the job this process runs in (the executor's numbers, else the study's),
+    divided among the trials packed into it."""
+    return executors.here().allocation(spec, share=int(os.environ.get(packing.ENV_SIZE) or 1))
 
 
 def _export_rank_environment() -> int:
@@ -323,6 +314,4 @@ def _export_rank_environment() -> int:
             MASTER_PORT=str(dist_env.master_port),
         )
         return dist_env.rank
-    if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
-        return int(os.environ.get("SLURM_PROCID", "0"))
-    return 0
+    return executors.here().rank()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from submitit.core.utils import UncompletedJobError
 
-from hpo import joblog, record, search
+from hpo import executors, joblog, record, search
 from hpo.budget import admission, compute
 from hpo.storage import StorageRef, open_storage, with_retries
 from hpo.trial import packing, retries
@@ -78,8 +78,7 @@ class WorkerTask:
             if len(earlier) >= self.spec.study.n_trials:
                 record.mark_surplus(study, trial)
                 break
-            kind = os.environ.get("SUBMITIT_EXECUTOR", "local")
-            record.set_attrs(trial, {record.ATTR_EXECUTOR: "worker", record.ATTR_JOB_KIND: kind})
+            record.set_attrs(trial, record.placement(executors.here().name, record.DispatchMode.WORKERS))
             trial_started = time.time()
             try:
                 run_attached(self.spec, study, trial, self.objective)

@@ -1,11 +1,14 @@
 """What the service's tests share: small real study files, `hpo` run as a child process, the
-stored trials read back with Optuna, sacct's view of the jobs, the fault table's lines. The
-fixtures that bring up the cluster and a fresh database are in conftest.py."""
+stored trials read back with Optuna, sacct's view of the jobs, the fault table's lines, the checks
+several fault tests make (the budget met once, its spending as sacct counts it), a job's processes
+killed as a crash would, the processes a trial left behind. The fixtures that bring up the cluster
+and a fresh database are in conftest.py."""
 
 from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import sys
 import time
@@ -30,6 +33,7 @@ TINY_TRAINER: dict[str, Any] = {
     "num_workers": 0,
     "log_every": 0,
 }
+FINISHED = {"COMPLETE", "PRUNED"}
 GOOD = {"lr": 0.3, "weight_decay": 1e-4, "batch_size": 64}
 BAD = {"lr": 0.001, "weight_decay": 1e-4, "batch_size": 64}
 
@@ -235,3 +239,92 @@ def wait_for_trials(
                 launcher.kill()
             raise AssertionError(launcher.communicate(timeout=60)[0])
         time.sleep(0.5)
+
+
+def stored_steps(storage: str, trial_id: int) -> list[int]:
+    """The intermediate values' steps as rows in PostgreSQL: a step reported twice would show twice."""
+    proc = subprocess.run(
+        ["psql", "-X", "-w", "-A", "-t", storage, "-c",
+         f"SELECT step FROM trial_intermediate_values WHERE trial_id = {int(trial_id)} ORDER BY step"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return [int(line) for line in proc.stdout.split()]
+
+
+def check_budget_met_once(document: dict[str, Any], storage: str, n_trials: int) -> None:
+    """The budget is met exactly (a failed trial that was retried gives its place to its retry),
+    and sacct knows exactly one Slurm job per trial: nothing was submitted twice."""
+    trials = load_trials(document, storage)
+    retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+    counted = [t for t in trials if t.number not in retried]
+    assert len(counted) == n_trials, [(t.number, t.state.name, t.user_attrs) for t in trials]
+    assert {t.state.name for t in counted} <= FINISHED
+    assert distinct_params(trials)
+    job_ids = [t.user_attrs["job_id"] for t in trials if "job_id" in t.user_attrs]
+    assert len(set(job_ids)) == len(job_ids)
+    sacct = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "JobID", "--name", f"hpo-{document['study']['name']}", "-S", "now-1hour"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert sorted(sacct.stdout.split()) == sorted(job_ids)
+
+
+def check_budget_counted_from_sacct(document: dict[str, Any], study_file: Path, storage: str) -> None:
+    """What the study says it spent (`hpo status`, its study.budget line) is what sacct says its
+    jobs used, within one trial's cost."""
+    status = run_hpo("status", str(study_file), "--storage", storage)
+    found = re.search(r"^budget: ([0-9.e-]+) of [0-9.]+ CPU-hours spent", status.stdout, re.M)
+    assert status.returncode == 0 and found, status.stdout + status.stderr
+    jobs = sacct_cpu_hours(document["study"]["name"])
+    assert abs(float(found.group(1)) - sum(jobs.values())) <= max(jobs.values()), (found.group(0), jobs)
+
+
+def kill_job_processes(job_id: str, stepd: bool = True) -> None:
+    """SIGKILL the processes of a Slurm job (the batch script, srun, the tasks; its slurmstepd
+    unless ``stepd`` is False), as the kernel's OOM killer or a crash would: nothing is told.
+    (`scancel --signal=KILL` does not do this: Slurm 22.05 takes it as a cancel, TERM first and
+    KILL after KillWait, and a trial ignores TERM and may finish meanwhile.)"""
+    victims = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            variables = environ.read_bytes().split(b"\0")
+            cmdline = (environ.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        stepd_of_job = f"slurmstepd: [{job_id}.".encode() in cmdline
+        if stepd_of_job and not stepd:
+            continue
+        if stepd_of_job or (
+            f"SLURM_JOB_ID={job_id}".encode() in variables and not cmdline.startswith(b"slurmstepd")
+        ):
+            victims.append(environ.parent.name)
+    subprocess.run(["kill", "-9", *victims], check=False)
+
+
+def sacct_cpu_hours(name: str) -> dict[str, float]:
+    """Each job of the study, by name, with its CPU-hours as sacct has them."""
+    out = subprocess.run(
+        ["sacct", "-X", "-D", "-n", "-P", "-o", "JobID,ElapsedRaw,AllocCPUS", "--name", f"hpo-{name}",
+         "-S", "now-1hour"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    hours: dict[str, float] = {}
+    for line in out.split():
+        job_id, elapsed, cpus = line.split("|")
+        hours[job_id] = hours.get(job_id, 0.0) + int(elapsed) * int(cpus) / 3600
+    return hours
+
+
+def processes_with(marker: str) -> list[str]:
+    """Command lines of the running processes that contain ``marker`` (the process table)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline and str(os.getpid()) != entry.name:
+            found.append(cmdline)
+    return found

@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
+
 
 def test_the_cli_and_the_ray_modules_load_without_torch() -> None:
     # `hpo status` and friends, and every Ray worker that unpickles the trainable, load these.

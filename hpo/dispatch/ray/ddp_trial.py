@@ -31,6 +31,7 @@ import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
+from hpo import executors
 from hpo.errors import NotReadyError, StudyFileError, optional_extra
 from hpo.paths import trial_dir
 from hpo.trial.objective import Objective, StepReport
@@ -69,7 +70,7 @@ def check_settings(spec: StudySpec) -> None:
     if not TorchTrainer.__module__.startswith("ray.train.v2"):
         raise NotReadyError(f"{where}: DDP trials need Ray Train V2", "unset RAY_TRAIN_V2_ENABLED")
     cpus = os.cpu_count() or 1
-    if res.executor == "local" and workers * res.cpus_per_task > cpus:
+    if executors.get(res.executor).on_this_machine and workers * res.cpus_per_task > cpus:
         # The local Ray instance has this machine's cores: the workers could never all start.
         raise NotReadyError(
             f"{where}: {workers} workers x cpus_per_task={res.cpus_per_task} need "

@@ -143,7 +143,7 @@ def fail_leftovers(study: optuna.Study) -> int:
 
     failed = 0
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if trial.user_attrs.get(record.ATTR_EXECUTOR) not in (None, "ray"):
+        if record.dispatch_mode(trial) not in (None, record.DispatchMode.RAY):
             continue
         record.fail(study, trial, "its Ray job ended first")
         failed += 1

@@ -19,6 +19,7 @@ import optuna
 from hpo import record, search
 from hpo.budget.admission import ADMITTED, Admission
 from hpo.paths import private_dir, trial_dir
+from hpo.trial import measured
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -104,7 +105,7 @@ def _ended_attrs(
 ) -> tuple[int, dict[str, Any]]:
     """The epochs an ended Tune trial trained, and its attributes (its noted reason if it raised)."""
     epochs_done = int(result.get("training_iteration", 0)) if result else 0
-    attrs = record.tune_result_attrs(result, epochs_done, error, spec.resources.tasks_per_node)
+    attrs = measured.tune_result_attrs(result, epochs_done, error, spec.resources.tasks_per_node)
     if error and (reason := _noted_failure(spec, trial_id)):
         attrs[record.ATTR_FAIL_REASON] = reason
     return epochs_done, attrs
@@ -131,7 +132,7 @@ def study_search(
     from ray.tune.search.optuna import OptunaSearch
 
     gate = _Gate(admission)
-    where = {record.ATTR_EXECUTOR: "ray", record.ATTR_JOB_ID: job_id}
+    where = {**record.placement(spec.resources.executor, record.DispatchMode.RAY), record.ATTR_JOB_ID: job_id}
     diverged: dict[str, tuple[int, str]] = {}  # Tune trial id -> (step, "diverged at step N: ...")
 
     class StudySearch(OptunaSearch):

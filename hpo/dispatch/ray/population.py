@@ -26,6 +26,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from hpo import record, search
 from hpo.errors import StudyFileError, one_line
+from hpo.trial import measured
 from trainer.config import RESUMABLE_CHANGES
 
 if TYPE_CHECKING:
@@ -116,7 +117,13 @@ def first_population(
     members, configs = [], []
     for index in range(size):
         trial = study.ask(distributions)
-        record.set_attrs(trial, {record.ATTR_EXECUTOR: "ray", record.ATTR_JOB_ID: job_id})
+        record.set_attrs(
+            trial,
+            {
+                **record.placement(spec.resources.executor, record.DispatchMode.RAY),
+                record.ATTR_JOB_ID: job_id,
+            },
+        )
         members.append(trial)
         configs.append({**trial.params, MEMBER_KEY: index})
     return members, configs
@@ -202,7 +209,7 @@ class PopulationRecorder:
         result = trial.last_result or {}
         value = result.get(self.spec.study.metric)
         epochs_done = int(result.get("epoch", 0))
-        attrs = record.tune_result_attrs(result, epochs_done, error, self.spec.resources.tasks_per_node)
+        attrs = measured.tune_result_attrs(result, epochs_done, error, self.spec.resources.tasks_per_node)
         record.set_attrs(member, {**attrs, record.ATTR_PBT_FINAL_PARAMS: self.params[index]})
         if error or value is None or math.isnan(float(value)) or epochs_done < self.epochs:
             self.study.tell(member, state=optuna.trial.TrialState.FAIL)

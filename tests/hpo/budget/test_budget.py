@@ -4,32 +4,24 @@ of it (checked against sacct), and a relaunch submits nothing more and says so."
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.hpo.helpers import final_sacct_states, load_trials, run_hpo, study_document, write_study
+from tests.hpo.helpers import (
+    final_sacct_states,
+    load_trials,
+    run_hpo,
+    sacct_cpu_hours,
+    study_document,
+    write_study,
+)
 
 pytestmark = pytest.mark.slow
 
 BUDGET_CPU_H = 0.02
 """About ten of these trials' jobs (7 to 10 s each on one CPU, python's start included)."""
-
-
-def sacct_cpu_hours(name: str) -> dict[str, float]:
-    """Each job of the study, by name, with its CPU-hours as sacct has them."""
-    out = subprocess.run(
-        ["sacct", "-X", "-D", "-n", "-P", "-o", "JobID,ElapsedRaw,AllocCPUS", "--name", f"hpo-{name}",
-         "-S", "now-1hour"],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout  # fmt: skip
-    hours: dict[str, float] = {}
-    for line in out.split():
-        job_id, elapsed, cpus = line.split("|")
-        hours[job_id] = hours.get(job_id, 0.0) + int(elapsed) * int(cpus) / 3600
-    return hours
 
 
 def test_a_cpu_hour_budget_ends_the_study_within_one_trial_of_it(tmp_path: Path, fresh_database: str) -> None:

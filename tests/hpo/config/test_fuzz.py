@@ -38,7 +38,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpo.commands import Request, execute
+from hpo.commands import execute, parse
 from hpo.config import PRUNERS, SAMPLERS, load_study
 from hpo.errors import StudyFileError
 from trainer.yamlfile import load_yaml_mapping
@@ -111,11 +111,10 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def answer(command: str, path: Path, *options: str, dry_run: bool = True) -> tuple[int, str, str, float]:
     """Run ``hpo COMMAND FILE`` in-process: exit status, stdout, stderr, seconds."""
     overrides = [options[i + 1] for i in range(len(options)) if options[i] == "--set"]
-    request = Request(
-        command=command, study_file=path, overrides=overrides, dry_run=dry_run and command == "launch"
-    )
-    if command == "launch" and not dry_run:
-        request.executor = "local"
+    argv = [command, str(path), *(f"--set={override}" for override in overrides)]
+    if command == "launch":
+        argv += ["--dry-run"] if dry_run else ["--executor", "local"]
+    request = parse(argv)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         start = time.monotonic()

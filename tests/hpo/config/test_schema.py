@@ -15,6 +15,8 @@ from jsonschema import Draft202012Validator
 from hpo.config.schema import json_schema
 from trainer.yamlfile import load_yaml_mapping
 
+pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
+
 REPO = Path(__file__).resolve().parents[3]
 COMMITTED = REPO / "docs" / "study.schema.json"
 REGENERATE = (

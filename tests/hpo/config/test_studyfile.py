@@ -19,10 +19,11 @@ import pytest
 import yaml
 
 from hpo.config import load_study
-from hpo.config.values import _KeyProblem, parse_duration_min
+from hpo.config.values import parse_duration_min
 from hpo.errors import StudyFileError
 from hpo.slurm import executors
 from hpo.storage import StorageRef, has_password, mask, resolve_storage
+from trainer.fields import KeyProblem
 from trainer.yamlfile import load_yaml_mapping
 
 REPO = Path(__file__).resolve().parents[3]
@@ -474,7 +475,7 @@ def test_parse_duration_min(value: str | int | float, minutes: float) -> None:
 
 @pytest.mark.parametrize("value", ["ten minutes", "", "5 weeks", "1:2:3:4", "-5m", 0, "0", -3, True])
 def test_parse_duration_min_rejects(value: Any) -> None:
-    with pytest.raises(_KeyProblem) as info:
+    with pytest.raises(KeyProblem) as info:
         parse_duration_min("time", value)
     assert info.value.path == "time"
 

@@ -21,12 +21,15 @@ import pytest
 from tests.hpo.helpers import (
     HPO,
     REPO,
+    check_budget_counted_from_sacct,
+    check_budget_met_once,
     fault_line,
     launch_in_background,
     load_trials,
     run_hpo,
     score_study,
     sleeping_objective,
+    stored_steps,
     study_document,
     wait_for_trials,
     write_study,
@@ -269,12 +272,6 @@ def test_a_launcher_frozen_past_its_lease_stops_before_it_submits_again(
     server can no longer reach: the server ends its lock session (here pg_terminate_backend does
     what its unanswered TCP keepalives do after ~30 s), a second launcher takes the study and
     re-attaches its trials; the first, thawed, must submit nothing more."""
-    from tests.hpo.faults.test_faults import (
-        check_budget_counted_from_sacct,
-        check_budget_met_once,
-        stored_steps,
-    )
-
     (tmp_path / "my_objective.py").write_text(sleeping_objective(6, 1.5))
     document = score_study(
         tmp_path, f"fenced-{uuid.uuid4().hex[:6]}", {"steps": 6, "function": "my_objective:objective"},

@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 import pytest
 
+from hpo.budget.cost import packed_shares, study_cost
 from hpo.config import load_study
 from hpo.slurm import accounting, executors
 from tests.hpo.helpers import (
@@ -109,8 +110,8 @@ def test_a_packed_job_asks_slurm_for_each_trials_cpus_and_memory_and_one_gpu(tmp
 @pytest.mark.fast
 def test_packed_trials_share_their_jobs_sacct_cost_by_their_own_time() -> None:
     trials = [_frozen(0, "7", 10.0), _frozen(1, "7", 30.0), _frozen(2, "8", 5.0, pack=1)]
-    assert accounting.packed_shares(trials) == {0: 0.25, 1: 0.75}  # trial 2 had its job to itself
-    assert accounting.packed_shares([_frozen(0, "9", 0.0), _frozen(1, "9", 0.0)]) == {0: 0.5, 1: 0.5}
+    assert packed_shares(trials) == {0: 0.25, 1: 0.75}  # trial 2 had its job to itself
+    assert packed_shares([_frozen(0, "9", 0.0), _frozen(1, "9", 0.0)]) == {0: 0.5, 1: 0.5}
     # A mate still running counts its time so far: 10 s told, about 30 s running.
     running = optuna.trial.create_trial(
         state=optuna.trial.TrialState.RUNNING,
@@ -118,7 +119,7 @@ def test_packed_trials_share_their_jobs_sacct_cost_by_their_own_time() -> None:
                     "started_at": (datetime.now(timezone.utc) - timedelta(seconds=30)).isoformat()},
     )  # fmt: skip
     running.number = 1
-    shares = accounting.packed_shares([_frozen(0, "6", 10.0), running])
+    shares = packed_shares([_frozen(0, "6", 10.0), running])
     assert shares[0] == pytest.approx(0.25, abs=0.02) and sum(shares.values()) == pytest.approx(1.0)
 
 
@@ -185,7 +186,7 @@ def test_packed_trials_on_slurm_prune_requeue_resume_and_share_the_cost_of_their
     # Each job's sacct cost, shared by its trials in proportion to their own time.
     spec = load_study(study_file)
     trials = load_trials(document, fresh_database)
-    cost = accounting.study_cost(spec, trials)
+    cost = study_cost(spec, trials)
     usage = accounting.sacct_usage({t.user_attrs["job_id"] for t in trials})
     for job in {t.user_attrs["job_id"] for t in trials}:
         mine = [t for t in trials if t.user_attrs["job_id"] == job]

@@ -47,7 +47,7 @@ def test_local_ray_backend_runs_a_study_with_asha_into_the_optuna_storage(
     for trial in trials:
         epochs = sorted(trial.intermediate_values)
         assert epochs == list(range(1, len(epochs) + 1)), trial.intermediate_values
-        assert trial.user_attrs["executor"] == "ray"
+        assert (trial.user_attrs["executor"], trial.user_attrs["dispatch"]) == ("local", "ray")
         assert trial.user_attrs["epochs_completed"] == len(epochs)
         assert len(epochs) == 3 if trial.state.name == "COMPLETE" else len(epochs) < 3
         assert ("test_accuracy" in trial.user_attrs) == (trial.state.name == "COMPLETE"), trial.user_attrs
@@ -252,7 +252,10 @@ def test_local_ray_backend_runs_each_trial_as_a_ddp_run_of_ray_train_workers(
     for trial in trials:
         # One result per epoch reached Tune and the study: rank 0's, not one per worker.
         assert sorted(trial.intermediate_values) == [1, 2], trial.intermediate_values
-        assert trial.user_attrs["executor"] == "ray" and trial.user_attrs["epochs_completed"] == 2
+        assert (trial.user_attrs["executor"], trial.user_attrs["dispatch"]) == (
+            "local",
+            "ray",
+        ) and trial.user_attrs["epochs_completed"] == 2
         assert trial.user_attrs["nodes"]  # the "node" key of the result, as for single-process trials
         # What the trial measured of itself (its last epoch's), per rank: 2 DDP workers.
         assert 0 < trial.user_attrs["data_wait_share"] < 1 and trial.user_attrs["peak_memory_mib"] > 0
@@ -313,7 +316,7 @@ def test_a_python_function_objective_runs_on_the_local_ray_backend(tmp_path: Pat
     trials = load_trials(document)
     assert [t.state.name for t in trials] == ["COMPLETE"] * 3, proc.stdout
     for trial in trials:
-        assert trial.user_attrs["executor"] == "ray"
+        assert (trial.user_attrs["executor"], trial.user_attrs["dispatch"]) == ("local", "ray")
         assert trial.intermediate_values == {s: pytest.approx(trial.params["x"] * s) for s in range(1, 5)}
         assert trial.value == pytest.approx(trial.params["x"] * 4)
 

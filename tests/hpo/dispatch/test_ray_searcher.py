@@ -14,6 +14,8 @@ from hpo import storage
 from hpo.budget import admission
 from hpo.dispatch.ray.optuna_search import _Gate
 
+pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
+
 
 def test_the_searchers_gate_pickles_after_ray_replaced_print(monkeypatch: pytest.MonkeyPatch) -> None:
     # Seen on the local cluster: a Ray job whose trials all completed ended FAILED with "Can't

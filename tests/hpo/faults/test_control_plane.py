@@ -20,14 +20,16 @@ from typing import Any
 
 import pytest
 
-from tests.hpo.faults.test_faults import check_budget_counted_from_sacct, check_budget_met_once, stored_steps
 from tests.hpo.helpers import (
+    check_budget_counted_from_sacct,
+    check_budget_met_once,
     fault_line,
     final_sacct_states,
     launch_in_background,
     load_trials,
     score_study,
     sleeping_objective,
+    stored_steps,
     wait_for_trials,
     write_study,
 )

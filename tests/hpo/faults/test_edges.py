@@ -15,6 +15,7 @@ from tests.hpo.helpers import (
     HPO,
     REPO,
     load_trials,
+    processes_with,
     run_hpo,
     score_study,
     sleeping_objective,
@@ -22,7 +23,6 @@ from tests.hpo.helpers import (
     trials_or_none,
     write_study,
 )
-from tests.hpo.trial.test_objective import _processes_with
 
 # Reports "step N score X*N" for 4 steps, 0.5 s apart; the first run of each x fails after its
 # last report (a crash at the end of training), its retry succeeds.
@@ -222,4 +222,4 @@ def test_a_pruned_command_leaves_no_process_even_one_in_its_own_session(tmp_path
 
     [trial] = load_trials(document)
     assert trial.state.name == "PRUNED", proc.stdout + proc.stderr
-    assert _processes_with(marker) == []
+    assert processes_with(marker) == []

@@ -22,13 +22,16 @@ from typing import Any
 import pytest
 
 from tests.hpo.helpers import (
+    FINISHED,
     GOOD,
     REPO,
-    distinct_params,
+    check_budget_met_once,
     fault_line,
+    kill_job_processes,
     launch_in_background,
     load_trials,
     run_hpo,
+    stored_steps,
     study_document,
     trials_or_none,
     wait_for_trials,
@@ -36,8 +39,6 @@ from tests.hpo.helpers import (
 )
 
 pytestmark = pytest.mark.slow
-
-FINISHED = {"COMPLETE", "PRUNED"}
 
 
 def one_trial_study(name: str, workdir: Path, epochs: int) -> dict[str, Any]:
@@ -52,46 +53,6 @@ def one_trial_study(name: str, workdir: Path, epochs: int) -> dict[str, Any]:
     )
     document["trainer"].update(epochs=epochs, max_steps_per_epoch=120)
     return document
-
-
-def stored_steps(storage: str, trial_id: int) -> list[int]:
-    """The intermediate values' steps as rows in PostgreSQL: a step reported twice would show twice."""
-    proc = subprocess.run(
-        ["psql", "-X", "-w", "-A", "-t", storage, "-c",
-         f"SELECT step FROM trial_intermediate_values WHERE trial_id = {int(trial_id)} ORDER BY step"],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    return [int(line) for line in proc.stdout.split()]
-
-
-def check_budget_met_once(document: dict[str, Any], storage: str, n_trials: int) -> None:
-    """The budget is met exactly (a failed trial that was retried gives its place to its retry),
-    and sacct knows exactly one Slurm job per trial: nothing was submitted twice."""
-    trials = load_trials(document, storage)
-    retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
-    counted = [t for t in trials if t.number not in retried]
-    assert len(counted) == n_trials, [(t.number, t.state.name, t.user_attrs) for t in trials]
-    assert {t.state.name for t in counted} <= FINISHED
-    assert distinct_params(trials)
-    job_ids = [t.user_attrs["job_id"] for t in trials if "job_id" in t.user_attrs]
-    assert len(set(job_ids)) == len(job_ids)
-    sacct = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "JobID", "--name", f"hpo-{document['study']['name']}", "-S", "now-1hour"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert sorted(sacct.stdout.split()) == sorted(job_ids)
-
-
-def check_budget_counted_from_sacct(document: dict[str, Any], study_file: Path, storage: str) -> None:
-    """What the study says it spent (`hpo status`, its study.budget line) is what sacct says its
-    jobs used, within one trial's cost."""
-    from tests.hpo.budget.test_budget import sacct_cpu_hours
-
-    status = run_hpo("status", str(study_file), "--storage", storage)
-    found = re.search(r"^budget: ([0-9.e-]+) of [0-9.]+ CPU-hours spent", status.stdout, re.M)
-    assert status.returncode == 0 and found, status.stdout + status.stderr
-    jobs = sacct_cpu_hours(document["study"]["name"])
-    assert abs(float(found.group(1)) - sum(jobs.values())) <= max(jobs.values()), (found.group(0), jobs)
 
 
 def job_log(document: dict[str, Any], job_id: str) -> str:
@@ -383,28 +344,6 @@ def _node_state(node: str) -> str:
     return subprocess.run(
         ["sinfo", "-h", "-N", "-n", node, "-o", "%t"], capture_output=True, text=True
     ).stdout.strip()
-
-
-def kill_job_processes(job_id: str, stepd: bool = True) -> None:
-    """SIGKILL the processes of a Slurm job (the batch script, srun, the tasks; its slurmstepd
-    unless ``stepd`` is False), as the kernel's OOM killer or a crash would: nothing is told.
-    (`scancel --signal=KILL` does not do this: Slurm 22.05 takes it as a cancel, TERM first and
-    KILL after KillWait, and a trial ignores TERM and may finish meanwhile.)"""
-    victims = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            variables = environ.read_bytes().split(b"\0")
-            cmdline = (environ.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        stepd_of_job = f"slurmstepd: [{job_id}.".encode() in cmdline
-        if stepd_of_job and not stepd:
-            continue
-        if stepd_of_job or (
-            f"SLURM_JOB_ID={job_id}".encode() in variables and not cmdline.startswith(b"slurmstepd")
-        ):
-            victims.append(environ.parent.name)
-    subprocess.run(["kill", "-9", *victims], check=False)
 
 
 def power_off(node: str, job_id: str) -> None:

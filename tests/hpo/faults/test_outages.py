@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 import sqlalchemy
 
-from tests.hpo.faults.test_faults import check_budget_counted_from_sacct, kill_job_processes
 from tests.hpo.helpers import (
+    check_budget_counted_from_sacct,
     fault_line,
     final_sacct_states,
+    kill_job_processes,
     launch_in_background,
     load_trials,
     run_hpo,

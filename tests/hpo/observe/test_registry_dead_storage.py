@@ -1,4 +1,4 @@
-"""A storage that cannot be opened, in the launch registry's way (hpo.launches): a launch that
+"""A storage that cannot be opened, in the launch registry's way (hpo.launch_history): a launch that
 fails to open its storage is not recorded, so the commands after it keep the study of the last
 launch that worked, and `hpo studies` lists every study it can reach with one line for each
 recorded storage it cannot (which, masked, and why), on a real PostgreSQL beside a dead port."""
@@ -81,10 +81,10 @@ def test_studies_lists_what_it_reaches_and_one_line_per_storage_it_cannot(
     worked = _hpo("launch", "alive.yaml", "--storage", fresh_database, cwd=tmp_path, state=state)
     assert worked.returncode == 0, worked.stdout + worked.stderr
     # A study launched while its server answered, the server gone since (a registry holds no password).
-    from hpo import launches
+    from hpo import launch_history
 
     monkeypatch.setenv("XDG_STATE_HOME", str(state))
-    launches.record(_study_file(tmp_path, "gone"), "gone", DEAD, tmp_path / "gone" / "work")
+    launch_history.record(_study_file(tmp_path, "gone"), "gone", DEAD, tmp_path / "gone" / "work")
     assert len(_registry(state)) == 2
 
     started = time.monotonic()
@@ -101,7 +101,7 @@ def test_studies_lists_what_it_reaches_and_one_line_per_storage_it_cannot(
 
     # Nothing to list and a storage that failed: not a success.
     (tmp_path / "alive.yaml").unlink()  # its registry entry is dropped at the next record
-    launches.record(tmp_path / "gone.yaml", "gone", DEAD, tmp_path / "gone" / "work")
+    launch_history.record(tmp_path / "gone.yaml", "gone", DEAD, tmp_path / "gone" / "work")
     only_dead = _hpo("studies", cwd=tmp_path, state=state)
     print(f"hpo studies, only the dead one: exit {only_dead.returncode}\n{only_dead.stderr}")
     assert only_dead.returncode == 3 and not only_dead.stdout, only_dead.stdout + only_dead.stderr
@@ -111,7 +111,9 @@ def test_studies_lists_what_it_reaches_and_one_line_per_storage_it_cannot(
 
     # Two that fail, nothing listed: one line each, then the error.
     other = "postgresql://nobody@127.0.0.1:2/none"
-    launches.record(_study_file(tmp_path, "also-gone"), "also-gone", other, tmp_path / "also-gone" / "work")
+    launch_history.record(
+        _study_file(tmp_path, "also-gone"), "also-gone", other, tmp_path / "also-gone" / "work"
+    )
     both = _hpo("studies", cwd=tmp_path, state=state)
     print(f"hpo studies, two dead ones: exit {both.returncode}\n{both.stderr}")
     assert both.returncode == 3 and not both.stdout, both.stdout + both.stderr

@@ -17,6 +17,8 @@ from hpo.config.schema import build_spec
 from hpo.observe import report
 from tests.hpo.helpers import score_study
 
+pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
+
 matplotlib.use("Agg")
 
 SPACE = {

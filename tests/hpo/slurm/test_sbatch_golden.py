@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 
 from hpo.config.schema import build_spec
-from hpo.dispatch.ray.launch import allocation_spec
+from hpo.dispatch.ray.allocation import allocation_spec
 from hpo.slurm import detach, executors
+
+pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "sbatch"
 BASE: dict[str, Any] = {

@@ -13,6 +13,8 @@ from hpo.config.values import parse_duration_min
 from hpo.dispatch import preflight
 from hpo.slurm import accounting, executors, limits
 
+pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
+
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from hpo.slurm.executors import controller_away, submit_when_controller_answers
 
+pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
+
 AWAY = RuntimeError(
     "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)"
 )

@@ -1,5 +1,5 @@
 """Where a study is, whatever folder a command runs in: the commands after `hpo launch` take the
-storage and workdir of the study file's last launch (hpo.launches) when they name none, so a study
+storage and workdir of the study file's last launch (hpo.launch_history) when they name none, so a study
 launched with `--storage` (PostgreSQL here) is found from another folder without repeating it, a
 relaunch from there resumes it, and a study that is not where a command looks is reported with
 where it looked and where the last launch put it."""

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from hpo.config.user_code import TemplateError, placeholders, render
-from tests.hpo.helpers import load_trials, run_hpo, score_study, write_study
+from tests.hpo.helpers import load_trials, processes_with, run_hpo, score_study, write_study
 
 # Reports "epoch N score X*N" each 0.3 s for 4 epochs; leaves a helper process running in its
 # process group (the kind of child a DataLoader or a launcher script starts); records its argv.
@@ -42,21 +42,6 @@ for epoch in range(1, 5):
     time.sleep(0.3)
     print(f"epoch {epoch} score {args.x * epoch:.4f}", flush=True)
 """
-
-
-def _processes_with(marker: str) -> list[str]:
-    """Command lines of the running processes that contain ``marker`` (the process table)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline and str(os.getpid()) != entry.name:
-            found.append(cmdline)
-    return found
 
 
 def _own_study(tmp_path: Path, name: str, objective: dict[str, Any], **study: Any) -> dict[str, Any]:
@@ -146,7 +131,7 @@ def test_a_command_is_tuned_through_its_output_and_a_pruned_trial_leaves_no_proc
     assert seen["cwd"] == str(tmp_path) and seen["setting"] == "from the launcher's environment"
     assert not list(tmp_path.glob("pwned*"))
     # Neither the pruned command nor any helper its trials started is left running.
-    assert _processes_with(marker) == []
+    assert processes_with(marker) == []
     best = run_hpo("best", str(study_file))
     assert best.returncode == 0, best.stderr
     command = best.stdout.splitlines()[-1].strip()

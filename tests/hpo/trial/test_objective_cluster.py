@@ -17,11 +17,11 @@ from tests.hpo.helpers import (
     final_sacct_states,
     launch_in_background,
     load_trials,
+    processes_with,
     run_hpo,
     wait_for_trials,
     write_study,
 )
-from tests.hpo.trial.test_objective import _processes_with
 from trainer.yamlfile import load_yaml_mapping
 
 REPO = Path(__file__).resolve().parents[3]
@@ -72,7 +72,7 @@ def test_the_unchanged_example_script_is_tuned_on_slurm_with_postgresql(
         s == "COMPLETED" for s in final_sacct_states([t.user_attrs["job_id"] for t in pruned]).values()
     )
     # No process of any trial is left: the commands name their checkpoint folders under tmp_path.
-    assert _processes_with(str(tmp_path / "work" / "trials")) == []
+    assert processes_with(str(tmp_path / "work" / "trials")) == []
 
     best = run_hpo("best", str(study_file), "--storage", fresh_database)
     assert best.returncode == 0, best.stderr
@@ -152,7 +152,7 @@ def test_a_trial_api_script_as_a_2_task_ddp_job_stops_every_rank_together_and_re
     )
     assert set(resumed_from) == {"0", "1"} and len(set(resumed_from.values())) == 1, resumed_logs
     assert int(resumed_from["0"]) >= 1, resumed_logs
-    assert _processes_with(str(tmp_path / "work" / "trials")) == []
+    assert processes_with(str(tmp_path / "work" / "trials")) == []
 
 
 @pytest.mark.ray_ports  # one Ray test at a time
@@ -177,4 +177,4 @@ def test_a_command_objective_runs_on_the_ray_backend_inside_one_slurm_job(
     good = trials[0]
     assert good.state.name == "COMPLETE" and sorted(good.intermediate_values) == [1, 2, 3, 4]
     assert good.value == good.intermediate_values[4]
-    assert _processes_with(str(tmp_path / "work" / "trials")) == []
+    assert processes_with(str(tmp_path / "work" / "trials")) == []

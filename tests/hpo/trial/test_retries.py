@@ -16,6 +16,8 @@ from hpo.trial.objective import ObjectiveResult
 from hpo.trial.task import run_attached
 from tests.hpo.helpers import study_document, write_study
 
+pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
+
 
 def make_study(tmp_path: Path, **study: Any) -> tuple[StudySpec, optuna.Study]:
     document = study_document("retry-study", tmp_path / "work", study={"enqueue": [], **study})

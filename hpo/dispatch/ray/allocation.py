@@ -1,4 +1,5 @@
-"""``hpo launch --backend ray``: one Slurm job holding a Ray cluster (or a local Ray instance)."""
+"""``hpo launch --backend ray``: the study's Ray allocation, one Slurm job holding a Ray cluster,
+submitted and followed to its end (or, with the local executor, a Ray instance in this process)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from submitit.core.utils import pickle_load
 
-from hpo import record, search, study_record
+from hpo import executors, record, search, study_record
 from hpo.budget import compute
 from hpo.dispatch import lease, site
 from hpo.dispatch.common import open_study
@@ -17,7 +18,7 @@ from hpo.dispatch.ray import driver
 from hpo.dispatch.ray.cluster import RayClusterTask, cpus_per_trial, gpus_per_node, slots_per_node
 from hpo.errors import LaunchError, one_line
 from hpo.paths import private_dir
-from hpo.slurm import executors
+from hpo.slurm import executors as slurm_jobs
 from hpo.storage import StorageRef, check_reachable, mask
 from hpo.trial.objective import Objective
 
@@ -37,7 +38,7 @@ def run_on_ray(
 ) -> optuna.Study:
     """Run the study's remaining trials with Ray Tune; returns the study once the run has ended."""
     private_dir(spec.workdir)  # logs, checkpoints, the cluster's token: the owner's only
-    if executor == "local":
+    if executors.get(executor).on_this_machine:  # Ray started here, in this process
         with lease.held(storage, spec.study.name):
             driver.run(spec, storage, objective=objective, log=log, allow_space_change=allow_space_change)
         return search.load(spec, check_reachable(storage, spec.source), create=False)
@@ -49,10 +50,10 @@ def run_on_ray(
 def _launch_on_slurm(
     spec: StudySpec, storage: StorageRef, study: optuna.Study, objective: Objective | None, log: Any
 ) -> optuna.Study:
-    probe = executors.SlurmStates(log=log)
+    probe = executors.on_slurm(log)
     job_id = study_record.ray_job(study)
-    job = executors.slurm_job(spec, str(job_id)) if job_id else None
-    if job is not None and not probe.ended(job):
+    job = probe.job(spec, str(job_id)) if job_id else None
+    if job is not None and not probe.ended(str(job_id), job):
         log(f"the study's Ray job {job_id} is still running: following it")
     else:
         counted = record.started_count(study)
@@ -62,7 +63,7 @@ def _launch_on_slurm(
         if spending is not None and not spending.allows_another:
             log(f"compute budget reached: {spending.line()}: no Ray job submitted")
             return study
-        job = _submit(spec, storage, objective, spec.study.n_trials - counted, log)
+        job = _submit(spec, storage, objective, spec.study.n_trials - counted, probe, log)
         study_record.set_ray_job(study, str(job.job_id))
     _follow(spec, study, job, probe, log)
     return study
@@ -86,16 +87,19 @@ def allocation_spec(spec: StudySpec, remaining: int) -> tuple[StudySpec, int]:
 
 
 def _submit(
-    spec: StudySpec, storage: StorageRef, objective: Objective | None, remaining: int, log: Any
+    spec: StudySpec,
+    storage: StorageRef,
+    objective: Objective | None,
+    remaining: int,
+    slurm: executors.Executor,
+    log: Any,
 ) -> Any:
     allocation, time_min = allocation_spec(spec, remaining)
     time_min = site.job_time_min(spec, time_min, "the Ray job", log)
-    executor = executors.make_executor(
-        allocation, "slurm", job_name=executors.job_name(spec, "ray"), time_min=time_min
-    )
+    executor = slurm.submitter(allocation, job_name=slurm_jobs.job_name(spec, "ray"), time_min=time_min)
     try:
         task = RayClusterTask(spec, storage, objective)
-        job = executors.submit_when_controller_answers(lambda: executor.submit(task), log)
+        job = slurm_jobs.submit_when_controller_answers(lambda: executor.submit(task), log)
     except Exception as err:
         raise LaunchError(f"Ray job submission failed: {one_line(err, last=True, name=False)}") from None
     log(f"Ray job {job.job_id} submitted: {spec.resources.nodes} nodes, {slots_per_node(spec)} trials per node, "
@@ -103,11 +107,11 @@ def _submit(
     return job
 
 
-def _follow(spec: StudySpec, study: optuna.Study, job: Any, probe: executors.SlurmStates, log: Any) -> None:
+def _follow(spec: StudySpec, study: optuna.Study, job: Any, probe: executors.Executor, log: Any) -> None:
     """Print the trials as they end until the Ray job has ended; fail loudly if it failed."""
     seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
     while True:
-        ended = probe.ended(job)
+        ended = probe.ended(str(job.job_id), job)
         for trial in study.get_trials(deepcopy=False):
             if trial.state.is_finished() and trial.number not in seen:
                 seen.add(trial.number)
@@ -125,5 +129,7 @@ def _follow(spec: StudySpec, study: optuna.Study, job: Any, probe: executors.Slu
         raise LaunchError(
             f"Ray job {job.job_id} failed: {one_line(value, last=True, name=False) if str(value).strip() else outcome}"
         )
-    detail = executors.error_line(spec, str(job.job_id), spec.resources.nodes)
-    raise LaunchError(f"Ray job {job.job_id} ended {probe.state(job)}" + (f": {detail}" if detail else ""))
+    detail = slurm_jobs.error_line(spec, str(job.job_id), spec.resources.nodes)
+    raise LaunchError(
+        f"Ray job {job.job_id} ended {probe.end_state(job)}" + (f": {detail}" if detail else "")
+    )

@@ -1,6 +1,6 @@
 """``hpo launch``: the study's remaining trials on its backend, then a summary. On the Optuna
 backend, trials are kept in flight until the budget is met, as per-trial jobs or as ``--workers``;
-on the Ray backend, Ray Tune runs them (``hpo.dispatch.ray.launch``)."""
+on the Ray backend, Ray Tune runs them (``hpo.dispatch.ray.allocation``)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from hpo import portfolio, record, study_record, warm_start
+from hpo import executors, portfolio, record, study_record, warm_start
 from hpo.dispatch import lease, site
 from hpo.dispatch.common import LaunchOptions, LaunchSummary, Log, open_study, queue_retries, summarize
 from hpo.dispatch.per_trial import PerTrialDispatcher
 from hpo.dispatch.progress import Progress
-from hpo.dispatch.ray.launch import run_on_ray
+from hpo.dispatch.ray.allocation import run_on_ray
 from hpo.dispatch.workers import WorkerDispatcher
 from hpo.paths import private_dir
-from hpo.slurm import executors
-from hpo.storage import OutageTolerantStorage, StorageRef, mask
+from hpo.slurm import executors as slurm_jobs
+from hpo.storage import StorageRef, log_outages_to, mask
 
 if TYPE_CHECKING:
     from optuna.storages import BaseStorage
@@ -29,7 +29,7 @@ __all__ = ["LaunchOptions", "LaunchSummary", "launch", "summarize"]
 
 
 def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Log = print) -> LaunchSummary:
-    if spec.study.backend == "ray":
+    if spec.study.on_ray:
         started = time.time()
         study = run_on_ray(
             spec, storage, options.executor, log=log, allow_space_change=options.allow_space_change
@@ -65,12 +65,11 @@ def _launch_held(
     queue_retries(study, spec, log)
     study_record.clear_failing_stop(study)  # an earlier launch's verdict: this one judges its own trials
     deadline = None if spec.study.timeout_min is None else time.time() + 60 * spec.study.timeout_min
-    fitted = site.fit(spec, options.executor, options.workers, log)  # the site's job limits
+    fitted = site.fit(spec, executors.get(options.executor), options.workers, log)  # the site's job limits
     spec = fitted.spec
     progress = Progress(spec, study, deadline, log) if options.progress else None
     shown = progress.log if progress else log
-    if isinstance(backend, OutageTolerantStorage):
-        backend.log = shown  # outage lines go where the launcher's lines go
+    log_outages_to(backend, shown)  # outage lines go where the launcher's lines go
     dispatcher: PerTrialDispatcher | WorkerDispatcher
     try:
         if fitted.workers:
@@ -86,5 +85,5 @@ def _launch_held(
     finally:
         if progress:
             progress.close()
-        executors.remove_unnamed_folder(executors.jobs_folder(spec))
+        slurm_jobs.remove_unnamed_folder(slurm_jobs.jobs_folder(spec))
     return summarize(study, spec, log, since=dispatcher.started)

@@ -1,0 +1,174 @@
+"""What a replay's runs say: quartiles over the seeds, the table of one task, and the figures
+across tasks (each strategy's worst task, the default chosen without each task)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from bench.replay_table import CHOSEN_ON
+
+
+def quartiles(values: Sequence[float | None], missing: float = math.inf) -> dict[str, float | None]:
+    """Quartiles by linear interpolation. A missing value counts as ``missing``: +inf for a
+    compute (the target never reached), -inf for a value to maximize (nothing completed); an
+    infinite value makes every quantile it takes part in infinite, shown as None."""
+    ordered = sorted(missing if v is None else v for v in values)
+    if not ordered:
+        return {"q1": None, "median": None, "q3": None}
+
+    def quantile(p: float) -> float:
+        at = p * (len(ordered) - 1)
+        below, weight = int(at), at - int(at)
+        if weight == 0:
+            return ordered[below]
+        if math.isinf(ordered[below]) or math.isinf(ordered[below + 1]):
+            return ordered[below] if math.isinf(ordered[below]) else ordered[below + 1]
+        return ordered[below] + weight * (ordered[below + 1] - ordered[below])  # inf stays inf
+
+    return {
+        "q1": json_figure(quantile(0.25)),
+        "median": json_figure(quantile(0.5)),
+        "q3": json_figure(quantile(0.75)),
+    }
+
+
+def json_figure(x: float) -> float | None:
+    return None if math.isinf(x) else round(x, 4)  # not reached: None in JSON, inf in the table
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(
+        f"replay ({result['lookup']} lookup), {result['seeds']} seeds; target: random search's median best "
+        f"{result['target']:.4f} after {result['random_trials']} trials; compute in units of random's "
+        f"median total ({result['compute_budget_s'] / 3600:.2f} CPU-h)"
+    )
+
+    def cell(q: dict[str, float | None] | None, digits: int) -> str:
+        if q is None:
+            return "-"
+        shown = ["inf" if v is None else f"{v:.{digits}f}" for v in (q["q1"], q["median"], q["q3"])]
+        return f"{shown[1]} [{shown[0]}, {shown[2]}]"
+
+    print(f"{'strategy':18} {'trials':>6} {'compute to target':>22} {'best at equal compute':>26} "
+          f"{'its test accuracy':>26} {'beats/ties random':>17}")  # fmt: skip
+    for name, s in result["strategies"].items():
+        beats = s["beats_random_at_equal_compute"]
+        versus = "" if beats is None else f"{beats:.0%}/{s['ties_random_at_equal_compute']:.0%}"
+        print(f"{name:18} {s['trials']:>6.0f} {cell(s['compute_to_target'], 3):>22} "
+              f"{cell(s['best_at_equal_compute'], 4):>26} {cell(s['test_accuracy_of_best'], 4):>26} {versus:>17}")  # fmt: skip
+    print(
+        "(median [first quartile, third quartile] over the seeds; inf: not reached within 3x random's compute)"
+    )
+    if result.get("saturated"):
+        print("saturated: random search's median best is the bound of the values (1.0); these figures tell "
+              "no strategy apart (the uniform draw of seed noise lifts good curves to the bound)")  # fmt: skip
+    if (noise := result.get("noise")) and noise["seed_sd_median"] is not None:
+        print(f"noise floor: the last epoch's {result['metric']} moves by {noise['seed_sd_median']:.4f} "
+              f"(median SD; max {noise['seed_sd_max']:.4f}) with the training seed alone "
+              f"({noise['configurations_repeated']} configurations x {noise['seeds_each']} seeds); the best "
+              f"recorded is {noise['best_recorded']:.4f}, the tenth best {noise['tenth_best_recorded']:.4f}")  # fmt: skip
+    if correlations := result.get("rank_correlation_with_last_epoch"):
+        print("rank correlation of each epoch's value with the last epoch's: "
+              + ", ".join(f"{e + 1}: {c:.2f}" for e, c in enumerate(correlations)))  # fmt: skip
+
+
+def summarize(tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per strategy: each task's median compute to target and share of seeds that beat random at
+    equal compute, and the worst of them over every task and over the held-out ones (those the
+    shipped default was not chosen on). A target not reached counts as infinitely far. A task
+    whose target saturated (see ``compare``) is listed apart and judges nothing."""
+    names = list(dict.fromkeys(n for r in tasks.values() for n in r["strategies"]))
+    judged = {task: r for task, r in tasks.items() if not r.get("saturated")}
+    out: dict[str, Any] = {}
+    for name in names:  # over the tasks it ran on (a restarted one: those with short runs)
+        per_task = per_task_figures({t: r for t, r in judged.items() if name in r["strategies"]}, name)
+        out[name] = {
+            "per_task": per_task,
+            "worst": worst_figures(per_task),
+            "worst_held_out": worst_figures({t: v for t, v in per_task.items() if t != CHOSEN_ON}),
+        }
+    summary = {"strategies": out, "saturated": sorted(set(tasks) - set(judged))}
+    summary["leave_one_task_out"] = leave_one_task_out(summary)
+    return summary
+
+
+def per_task_figures(tasks: dict[str, dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:
+    """A strategy's median compute to target and share of seeds beating random, task by task."""
+    return {
+        task: {
+            "compute_to_target": r["strategies"][name]["compute_to_target"]["median"],
+            "beats_random": r["strategies"][name]["beats_random_at_equal_compute"],
+        }
+        for task, r in tasks.items()
+    }
+
+
+def worst_figures(per_task: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The worst of ``per_task_figures`` over its tasks (None for no task)."""
+    if not per_task:
+        return None
+    compute = [
+        math.inf if v["compute_to_target"] is None else v["compute_to_target"] for v in per_task.values()
+    ]
+    beats = [v["beats_random"] for v in per_task.values() if v["beats_random"] is not None]
+    return {"compute_to_target": json_figure(max(compute)), "beats_random": min(beats) if beats else None}
+
+
+def leave_one_task_out(summary: dict[str, Any]) -> dict[str, Any]:
+    """Choose a default as it would be chosen without each task, and score it on that task.
+
+    For each judged task, the strategy (random search aside) with the lowest worst compute to
+    target over the other tasks (ties: the higher worst share of seeds beating random), and that
+    strategy's figures on the task left out: what the choice is worth on a task it never saw."""
+    tasks = sorted({t for s in summary["strategies"].values() for t in s["per_task"]})
+    strategies = {  # a candidate must have run on every task
+        n: s for n, s in summary["strategies"].items() if n != "random" and len(s["per_task"]) == len(tasks)
+    }
+    if len(tasks) < 2:
+        return {}
+
+    def rank(per_task: dict[str, dict[str, Any]], others: list[str]) -> tuple[float, float]:
+        compute = max(
+            math.inf if per_task[t]["compute_to_target"] is None else per_task[t]["compute_to_target"]
+            for t in others
+        )
+        beats = min(per_task[t]["beats_random"] or 0.0 for t in others)
+        return compute, -beats
+
+    folds = {}
+    for held_out in tasks:
+        others = [t for t in tasks if t != held_out]
+        chosen = min(strategies, key=lambda n: rank(strategies[n]["per_task"], others))
+        folds[held_out] = {"chosen": chosen, **strategies[chosen]["per_task"][held_out]}
+    return folds
+
+
+def print_summary(summary: dict[str, Any], all_tasks: Sequence[str]) -> None:
+    tasks = [t for t in all_tasks if t not in summary["saturated"]]
+    print(f"every task: median compute to target (x random's), share of seeds beating random at equal "
+          f"compute; worst over all tasks, and over those held out (all but {CHOSEN_ON})")  # fmt: skip
+
+    def cell(v: dict[str, Any] | None) -> str:
+        if v is None:
+            return "-"
+        compute = "inf" if v["compute_to_target"] is None else f"{v['compute_to_target']:.3f}"
+        beats = "-" if v["beats_random"] is None else f"{v['beats_random']:.0%}"
+        return f"{compute} / {beats}"
+
+    print(
+        f"{'strategy':18} "
+        + " ".join(f"{t[:22]:>22}" for t in tasks)
+        + f" {'worst':>14} {'worst held-out':>14}"
+    )
+    for name, s in summary["strategies"].items():
+        cells = " ".join(f"{cell(s['per_task'].get(t)):>22}" for t in tasks)
+        print(f"{name:18} {cells} {cell(s['worst']):>14} {cell(s['worst_held_out']):>14}")
+    for task, fold in summary.get("leave_one_task_out", {}).items():
+        compute = "inf" if fold["compute_to_target"] is None else f"{fold['compute_to_target']:.3f}"
+        print(f"chosen without {task}: {fold['chosen']}; on {task}: compute to target {compute}, "
+              f"beats random in {fold['beats_random'] or 0:.0%} of seeds")  # fmt: skip
+    for task in summary["saturated"]:
+        print(f"not judged: {task} (random search's median best reached the bound of the values, 1.0: "
+              "the seed noise drawn for a good curve lifts it there, and the strategies tie)")  # fmt: skip

@@ -1,0 +1,20 @@
+"""``hpo status``: the study's trials by state, with their parameters, last value, job and cost."""
+
+from __future__ import annotations
+
+from hpo.commands.common import Command, Options, add_study_arguments, open_study, print_lines
+
+
+def run(options: Options) -> int:
+    from hpo.observe import views
+
+    spec, _, study = open_study(options)
+    return print_lines(views.status_lines(spec, study))
+
+
+COMMAND = Command(
+    name="status",
+    help="trials by state, with parameters, last value, job id and GPU-hours",
+    add_arguments=add_study_arguments,
+    run=run,
+)

@@ -1,0 +1,94 @@
+"""``hpo cancel``: the study stopped for good, its launchers told, its jobs cancelled and its
+running trials failed as cancelled (a writer: the views only read)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING
+
+import optuna
+
+from hpo import executors, record, study_record
+from hpo.dispatch.lease import Lease
+from hpo.slurm import executors as slurm_jobs
+
+if TYPE_CHECKING:
+    from hpo.config import StudySpec
+    from hpo.storage import StorageRef
+
+CANCEL_WAIT_S = 300.0
+"""How long `hpo cancel` waits for a live launcher to confirm it submits nothing more, and then
+for Slurm to show the study's jobs gone."""
+
+
+def cancel(spec: StudySpec, ref: StorageRef, study: optuna.Study) -> list[str]:
+    """Stop the study for good: once this returns, no launcher or worker submits or starts
+    another trial, no job of the study is left in Slurm's queue, and nothing stays RUNNING.
+
+    The order matters: the flag first (launchers and workers read it before every submission or
+    trial); then the live launcher's confirmation, so that a submission under way when the flag
+    was set has stored its job id or been closed; then every job, those the trials hold and those
+    found in the queue by the study's job names (a job submitted but not yet recorded)."""
+
+    requested = time.time()
+    study_record.request_cancel(study, requested)
+    lines = []
+    ray_job = study_record.ray_job(study)
+    if ray_job:  # the one allocation of a Ray-backed study holds all its trials and its driver
+        executors.on_slurm().cancel(spec, str(ray_job))
+        lines.append(f"Ray job {ray_job}: cancelled")
+    holder = Lease(ref, spec.study.name).held_by_another()
+    if holder is not None:
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while (
+            study_record.cancel_seen_at(study) < requested and Lease(ref, spec.study.name).held_by_another()
+        ):
+            if time.monotonic() > deadline:
+                lines.append(f"the launcher ({holder}) did not confirm within {CANCEL_WAIT_S:.0f} s; "
+                             "cancelling what is stored and queued")  # fmt: skip
+                break
+            time.sleep(0.5)
+        else:
+            lines.append(f"launcher ({holder}): submits no more trials")
+    cancelled: set[str] = set()
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        name = record.executor_name(trial)
+        job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
+        in_ray = record.dispatch_mode(trial) == record.DispatchMode.RAY  # its allocation: cancelled above
+        if job_id is not None and name in executors.REGISTRY and not in_ray and str(job_id) not in cancelled:
+            executors.get(name).cancel(spec, str(job_id))  # a packed job: once
+            cancelled.add(str(job_id))
+        # Both raise if the trial ended on its own meanwhile: then its state stands.
+        with contextlib.suppress(RuntimeError, ValueError):
+            record.fail(study, trial, record.REASON_CANCELLED)
+            lines.append(
+                f"trial {trial.number}: cancelled {record.DispatchMode.RAY.value if in_ray else name} job {job_id or '-'}"
+            )
+    lines += _cancel_queued(spec, cancelled)
+    return lines or ["no running trial; launchers and workers of this study take no new trial"]
+
+
+def _cancel_queued(spec: StudySpec, cancelled: set[str]) -> list[str]:
+    """Cancel the study's jobs still in an executor's queue (workers, a pending detached launcher,
+    a job no trial holds yet), found by their names, and wait until the queue shows none."""
+    lines = []
+    names = ", ".join(slurm_jobs.job_name(spec, role) for role in slurm_jobs.JOB_ROLES)
+    for executor in (executors.get(name) for name in executors.REGISTRY):
+        queued = executor.queued_jobs(spec)
+        for job_id in queued:
+            if job_id not in cancelled:
+                executor.cancel(spec, job_id)
+                lines.append(
+                    f"{executor.queue_name} job {job_id}: cancelled (found by its name, one of {names})"
+                )
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while queued:
+            if time.monotonic() > deadline:
+                lines.append(
+                    f"still in {executor.queue_name}'s queue after {CANCEL_WAIT_S:.0f} s: {', '.join(queued)}"
+                )
+                break
+            time.sleep(0.5)
+            queued = executor.queued_jobs(spec)
+    return lines

@@ -1,0 +1,107 @@
+"""The executor protocol: what the service asks of wherever a study's jobs run.
+
+A launcher makes a submitit executor for its jobs, watches each job to its end, tells how it
+ended, cancels it, reads its log and its cost; a trial's process asks the executor that started
+it who it is (job id, nodes, rank), what it was given, and whether its job is being ended. Each
+executor answers these in its own module of this package; the dispatch modes, the views and the
+trial code ask through this protocol and never test which executor they have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from hpo.config import StudySpec
+    from hpo.slurm.accounting import Usage
+
+Log = Callable[[str], None]
+
+ENV_EXECUTOR = "SUBMITIT_EXECUTOR"
+"""submitit's name, in a job's environment, of the executor that started it (slurm, local)."""
+
+
+class Executor(Protocol):
+    name: ClassVar[str]
+    """Its name in the study file (``resources.executor``) and on the trials it ran."""
+    measured_cost: ClassVar[bool]
+    """Whether its jobs' cost is measured (sacct) rather than estimated from elapsed time."""
+    outlives_trial: ClassVar[bool]
+    """Whether a job stays in a queue, holding resources, after its trial told its result."""
+    on_this_machine: ClassVar[bool]
+    """Whether its jobs run on the launcher's machine (its cores, its data, no shared folder)."""
+    queue_name: ClassVar[str]
+    """How its messages name it ("Slurm")."""
+    site_limited: ClassVar[bool]
+    """Whether the site's limits on a user's jobs (QoS, association, partition) apply to its jobs."""
+
+    def __init__(self, log: Log | None = None) -> None:
+        """``log``: where it says what its jobs' states leave in doubt (a launch's log)."""
+
+    # --- the launcher's side ----------------------------------------------------------------
+    def submitter(
+        self,
+        spec: StudySpec,
+        *,
+        job_name: str,
+        array_parallelism: int | None = None,
+        time_min: int | None = None,
+        direct: bool = False,
+    ) -> Any:
+        """The submitit executor for a study's jobs (``direct``: one process, no srun step)."""
+
+    def job(self, spec: StudySpec, job_id: str) -> Any | None:
+        """A handle on a job from its stored id (a relaunch); None where the job is watched by id."""
+
+    def ended(self, job_id: str, job: Any | None) -> bool:
+        """Whether the job will run no more."""
+
+    def end_state(self, job: Any | None) -> str:
+        """How an ended job ended, in the executor's words (``TIMEOUT``, ``exited``)."""
+
+    def killed_for_memory(self, job: Any | None) -> bool:
+        """Whether the executor ended the job for exceeding its memory."""
+
+    def still_queued(self, job_id: str, job: Any | None, max_age_s: float | None) -> bool:
+        """Whether a job whose trial has told still holds its place (``max_age_s``: read the queue
+        itself, at most that long ago; None: the job's own state)."""
+
+    def cancel(self, spec: StudySpec, job_id: str) -> None:
+        """Stop the job (a no-op for one that has ended)."""
+
+    def log(
+        self, spec: StudySpec, job_id: str, task: int = 0, slot: int | None = None, stderr: bool = True
+    ) -> Path:
+        """The job's log of task ``task``, or that of member ``slot`` of a packed job."""
+
+    def cost(self, job_ids: Iterable[str], since: datetime | None = None) -> dict[str, Usage]:
+        """What the jobs cost, by job id, where the executor measures it (else nothing)."""
+
+    def queued_jobs(self, spec: StudySpec) -> list[str]:
+        """The ids of the study's jobs in the executor's queue, found by their names (a job that
+        no trial records yet); none where jobs have no queue."""
+
+    def check_ready(self, spec: StudySpec) -> None:
+        """Raise ``NotReadyError`` where this machine cannot submit to the executor."""
+
+    def interrupted_line(self, numbers: str) -> str:
+        """What a launcher stopped while trials ``numbers`` run says of them."""
+
+    def dry_run_lines(self, spec: StudySpec) -> list[str]:
+        """What ``hpo launch --dry-run`` shows of the jobs it would submit."""
+
+    # --- the job's side ---------------------------------------------------------------------
+    def identity(self) -> tuple[str, str]:
+        """This process's job id and the nodes it runs on, as the trial records them."""
+
+    def rank(self) -> int:
+        """This process's rank among its job's tasks."""
+
+    def allocation(self, spec: StudySpec, share: int) -> tuple[float, float]:
+        """(GPUs, CPUs) one trial of this process's job holds, the job shared by ``share`` trials."""
+
+    def job_ending(self) -> bool:
+        """Whether the executor is ending this process's job (cancelled, requeued, at its limit)."""

@@ -1,0 +1,129 @@
+"""The Slurm executor: jobs submitted with sbatch through submitit, watched through sacct and
+squeue (``hpo.slurm``), their cost from sacct."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from hpo.errors import LaunchError, NotReadyError
+from hpo.executors.base import Log
+from hpo.slurm import accounting, executors
+
+if TYPE_CHECKING:
+    from hpo.config import StudySpec
+
+
+class SlurmExecutor:
+    name: ClassVar[str] = "slurm"
+    measured_cost: ClassVar[bool] = True
+    outlives_trial: ClassVar[bool] = True
+    on_this_machine: ClassVar[bool] = False
+    queue_name: ClassVar[str] = "Slurm"
+    site_limited: ClassVar[bool] = True
+
+    def __init__(self, log: Log | None = None) -> None:
+        self.states = executors.SlurmStates(log=log)
+        """One sacct for all the launch's jobs every few seconds, one squeue for the queue."""
+
+    def submitter(
+        self,
+        spec: StudySpec,
+        *,
+        job_name: str,
+        array_parallelism: int | None = None,
+        time_min: int | None = None,
+        direct: bool = False,
+    ) -> Any:
+        return executors.slurm_executor(spec, job_name, array_parallelism, time_min, direct)
+
+    def job(self, spec: StudySpec, job_id: str) -> Any:
+        return executors.slurm_job(spec, job_id)
+
+    def ended(self, job_id: str, job: Any | None) -> bool:
+        return job is not None and self.states.ended(job)
+
+    def end_state(self, job: Any | None) -> str:
+        return "UNKNOWN" if job is None else self.states.state(job)
+
+    def killed_for_memory(self, job: Any | None) -> bool:
+        return job is not None and self.states.state(job) == "OUT_OF_MEMORY"
+
+    def still_queued(self, job_id: str, job: Any | None, max_age_s: float | None) -> bool:
+        if max_age_s is None:
+            return job is not None and not self.states.ended(job)
+        # squeue cannot tell (None): the place is not held on a guess.
+        return bool(self.states.queued(job_id, max_age_s))
+
+    def cancel(self, spec: StudySpec, job_id: str) -> None:
+        try:
+            executors.slurm_job(spec, job_id).cancel(check=False)
+        except OSError as err:
+            raise LaunchError(f"cannot cancel Slurm job {job_id}: {err}") from None
+
+    def log(
+        self, spec: StudySpec, job_id: str, task: int = 0, slot: int | None = None, stderr: bool = True
+    ) -> Path:
+        return executors.job_log(spec, job_id, task, slot, stderr)
+
+    def cost(self, job_ids: Iterable[str], since: datetime | None = None) -> dict[str, accounting.Usage]:
+        return accounting.sacct_usage(job_ids, since=since)
+
+    def queued_jobs(self, spec: StudySpec) -> list[str]:
+        return executors.queued_jobs(spec)
+
+    def check_ready(self, spec: StudySpec) -> None:
+        if shutil.which("sbatch") is None:
+            raise NotReadyError(
+                f"{spec.source}: resources.executor: slurm, but there is no sbatch on this machine",
+                "run on a Slurm login node, or use executor: local (--executor local)",
+            )
+
+    def interrupted_line(self, numbers: str) -> str:
+        return (f"launcher stopped; trials {numbers} keep running as Slurm jobs: `hpo launch` again "
+                "re-attaches to them, `hpo cancel` stops them")  # fmt: skip
+
+    def dry_run_lines(self, spec: StudySpec) -> list[str]:
+        k = spec.resources.trials_per_gpu
+        what = f"job of up to {k} trials at once" if spec.resources.packed else "trial job"
+        return [
+            f"# sbatch script of each {what} (submitted by submitit; folder {executors.jobs_folder(spec)})",
+            executors.render_sbatch(spec, executors.job_name(spec), direct=True).rstrip(),
+        ]
+
+    def identity(self) -> tuple[str, str]:
+        array = os.environ.get("SLURM_ARRAY_JOB_ID")
+        job_id = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ["SLURM_JOB_ID"]
+        return job_id, os.environ.get("SLURM_JOB_NODELIST", "")
+
+    def rank(self) -> int:
+        return int(os.environ.get("SLURM_PROCID", "0"))
+
+    def allocation(self, spec: StudySpec, share: int) -> tuple[float, float]:
+        nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or 1)
+        gpus = int(os.environ.get("SLURM_GPUS_ON_NODE") or 0)
+        cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or 0)
+        return gpus * nodes / share, cpus * nodes / share
+
+    def job_ending(self) -> bool:
+        """Slurm's state of this job is no longer RUNNING; Slurm unreachable: True (the caller then
+        waits for Slurm's signal as it would for an ending job)."""
+        if "SLURM_JOB_ID" not in os.environ:
+            return False
+        try:
+            shown = subprocess.run(
+                ["scontrol", "show", "job", "--oneliner", os.environ["SLURM_JOB_ID"]],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return True
+        state = re.search(r"\bJobState=(\S+)", shown.stdout)
+        return state is None or state.group(1) != "RUNNING"

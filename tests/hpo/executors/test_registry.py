@@ -1,0 +1,144 @@
+"""The executor seam: the registry holds the executors the study file names, each implements the
+whole protocol, no module outside the registry and the config compares executor, dispatch-mode or
+backend names, and trials written before the dispatch attribute existed read the same."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from hpo import executors, record
+from hpo.config import load_study
+from hpo.config.values import BACKENDS, EXECUTORS
+from hpo.executors.base import Executor
+from tests.hpo.helpers import study_document, write_study
+
+pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
+
+REPO = Path(__file__).resolve().parents[3]
+# Where names may be compared: the registry (each executor knows its own) and the config (which
+# checks the study file's choices).
+OWNERS = ("hpo/executors/", "hpo/config/")
+NAMES = {*EXECUTORS, *BACKENDS, *(mode.value for mode in record.DispatchMode), "worker"}
+
+
+def test_the_registry_holds_the_executors_a_study_file_may_name() -> None:
+    assert sorted(executors.REGISTRY) == sorted(EXECUTORS)
+
+
+@pytest.mark.parametrize("name", sorted(executors.REGISTRY))
+def test_each_executor_implements_the_whole_protocol(name: str) -> None:
+    cls = executors.REGISTRY[name]
+    assert cls.name == name
+    wanted = {n for n, _ in inspect.getmembers(Executor) if not n.startswith("_")} | set(
+        Executor.__annotations__
+    )
+    missing = sorted(n for n in wanted if not hasattr(cls, n))
+    assert not missing, f"{cls.__name__} lacks {missing}"
+    for method, _ in inspect.getmembers(Executor, inspect.isfunction):
+        if method.startswith("_"):
+            continue
+        ours, theirs = inspect.signature(getattr(Executor, method)), inspect.signature(getattr(cls, method))
+        assert list(ours.parameters) == list(theirs.parameters), f"{cls.__name__}.{method}"
+
+
+def _name_comparisons(path: Path) -> list[str]:
+    """``x == "slurm"``, ``x in ("ray", ...)``: a name of an executor, a mode or a backend compared."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        constants = [c for side in sides for c in ast.walk(side) if isinstance(c, ast.Constant)]
+        if any(isinstance(c.value, str) and c.value in NAMES for c in constants):
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_outside_the_registry_and_the_config_compares_executor_or_mode_names() -> None:
+    offenders = []
+    for path in sorted((REPO / "hpo").rglob("*.py")):
+        relative = path.relative_to(REPO).as_posix()
+        if relative.startswith(OWNERS):
+            continue
+        offenders += _name_comparisons(path)
+        if "SUBMITIT_EXECUTOR" in path.read_text():  # which executor started a job: executors.here()
+            offenders.append(f"{relative}: reads SUBMITIT_EXECUTOR")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_check_sees_a_comparison(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text('if kind == "slurm" or mode in ("ray", "x") or backend != "optuna":\n    pass\n')
+    assert len(_name_comparisons(probe)) == 3  # each comparison of the condition
+    probe.write_text('a = kind == executor.name\nb = mode in (DispatchMode.RAY, None)\nc = ["slurm"]\n')
+    assert _name_comparisons(probe) == []  # names compared through the registry, a name as data
+
+
+def _trial(attrs: dict[str, object]) -> optuna.trial.FrozenTrial:
+    return optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=1.0, user_attrs=attrs)
+
+
+@pytest.mark.parametrize(
+    ("attrs", "executor", "mode"),
+    [
+        # written before the dispatch attribute: the mode kept in ``executor``
+        ({"executor": "slurm", "job_id": "7"}, "slurm", record.DispatchMode.PER_TRIAL),
+        ({"executor": "local", "job_id": "7"}, "local", record.DispatchMode.PER_TRIAL),
+        ({"executor": "worker", "job_kind": "slurm"}, "slurm", record.DispatchMode.WORKERS),
+        ({"executor": "worker", "job_kind": "local"}, "local", record.DispatchMode.WORKERS),
+        ({"executor": "ray", "job_id": "9"}, None, record.DispatchMode.RAY),
+        # written now
+        (record.placement("slurm", record.DispatchMode.WORKERS), "slurm", record.DispatchMode.WORKERS),
+        (record.placement("local", record.DispatchMode.RAY), "local", record.DispatchMode.RAY),
+        ({}, None, None),  # imported by a warm start, or asked and not yet placed
+    ],
+)
+def test_a_trial_reads_its_executor_and_mode_whenever_it_was_written(
+    attrs: dict[str, object], executor: str | None, mode: record.DispatchMode | None
+) -> None:
+    trial = _trial(attrs)
+    assert record.executor_name(trial) == executor
+    assert record.dispatch_mode(trial) == mode
+
+
+def test_a_process_outside_any_job_is_on_the_local_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    assert executors.here().name == "local"
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    assert executors.here().identity() == ("41", os.environ.get("SLURM_JOB_NODELIST", ""))
+
+
+def _sleep(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def test_the_local_executor_runs_watches_logs_and_cancels_a_job(tmp_path: Path) -> None:
+    """The protocol end to end on real local processes: submit, watch to its end, read its log;
+    submit again, cancel it by its id, as a relaunch (no handle) would."""
+    spec = load_study(write_study(tmp_path / "s.yaml", study_document("seam", tmp_path / "w")))
+    local = executors.get("local")
+    job = local.submitter(spec, job_name="t").submit(_sleep, 0.1)
+    assert job.result() == 0.1
+    assert local.ended(str(job.job_id), job) and local.end_state(job) == "exited"
+    assert local.log(spec, str(job.job_id)).exists()
+    long = local.submitter(spec, job_name="t").submit(_sleep, 60)
+    deadline = time.monotonic() + 30
+    while local.ended(str(long.job_id), None) and time.monotonic() < deadline:
+        time.sleep(0.1)  # its controller process starting
+    assert not local.ended(str(long.job_id), None)
+    local.cancel(spec, str(long.job_id))
+    deadline = time.monotonic() + 30
+    while not local.ended(str(long.job_id), None) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert local.ended(str(long.job_id), None)
+    assert local.cost([str(long.job_id)]) == {}
