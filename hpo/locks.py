@@ -1,7 +1,7 @@
 """The storages' own locks, each released the moment its holder dies: ``flock`` on a file (beside a
 journal or SQLite file), a PostgreSQL session advisory lock, MySQL's ``GET_LOCK``, the last two on
-a connection of their own. ``hpo.storage`` picks the one a storage has (``StorageRef.lock``);
-``hpo.dispatch.lease`` holds one per study for its launcher.
+a connection of their own. ``hpo.storage`` picks the one a storage has
+(``StorageRef.launcher_lock``); ``hpo.dispatch.lease`` holds one per study for its launcher.
 """
 
 from __future__ import annotations

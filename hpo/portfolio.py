@@ -6,9 +6,9 @@ its value lies in its range, in [0, 1], log-scaled where the range is. Parameter
 role (``ROLES``: ``weight_decay`` and ``wd`` are one role, ``hidden`` and ``width`` the model's
 capacity); a parameter of no role is left to the sampler.
 
-``portfolio.json`` beside this module is learned by ``bench/portfolio.py --write`` from every task
-the service recorded (bench/curves/); replayed with each task held out from its own portfolio, TPE
-after it is the measured default (bench/results/replay.json, docs/benchmarks-explained.md).
+``portfolio.json`` beside this module is learned by ``python -m bench.portfolio --write`` from
+every task the service recorded (bench/curves/); replayed with each task held out from its own
+portfolio, TPE after it is the measured default (bench/results/replay.json, docs/benchmarks-explained.md).
 """
 
 from __future__ import annotations

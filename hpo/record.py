@@ -174,8 +174,9 @@ _LEGACY_JOB_KIND = "job_kind"
 
 
 def placement(executor: str, mode: DispatchMode) -> dict[str, str]:
-    """The attributes a launch writes on a trial it runs: where, and how."""
-    return {ATTR_EXECUTOR: executor, ATTR_DISPATCH: mode.value}
+    """The attributes a launch writes on a trial it runs: how, then where. The mode goes first: a
+    trial left with ``executor`` alone would read as written before ``dispatch`` existed."""
+    return {ATTR_DISPATCH: mode.value, ATTR_EXECUTOR: executor}
 
 
 def dispatch_mode(trial: optuna.trial.FrozenTrial) -> DispatchMode | None:
@@ -183,7 +184,8 @@ def dispatch_mode(trial: optuna.trial.FrozenTrial) -> DispatchMode | None:
     Reads studies written before the attribute existed."""
     stored = trial.user_attrs.get(ATTR_DISPATCH)
     if stored is not None:
-        return DispatchMode(stored)
+        known = {mode.value: mode for mode in DispatchMode}
+        return known.get(str(stored))  # a mode of a later release: unknown here
     legacy = trial.user_attrs.get(ATTR_EXECUTOR)
     if legacy is None:
         return None

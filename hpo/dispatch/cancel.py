@@ -53,18 +53,20 @@ def cancel(spec: StudySpec, ref: StorageRef, study: optuna.Study) -> list[str]:
             lines.append(f"launcher ({holder}): submits no more trials")
     cancelled: set[str] = set()
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        name = record.executor_name(trial)
+        mode, name = record.dispatch_mode(trial), record.executor_name(trial)
         job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
-        in_ray = record.dispatch_mode(trial) == record.DispatchMode.RAY  # its allocation: cancelled above
-        if job_id is not None and name in executors.REGISTRY and not in_ray and str(job_id) not in cancelled:
-            executors.get(name).cancel(spec, str(job_id))  # a packed job: once
+        in_ray = mode == record.DispatchMode.RAY  # its allocation: cancelled above
+        if job_id is not None and not in_ray and str(job_id) not in cancelled:  # a packed job: once
+            # A trial that did not record its executor (an old worker's): the study's own.
+            executors.get(name if name in executors.REGISTRY else spec.resources.executor).cancel(
+                spec, str(job_id)
+            )
             cancelled.add(str(job_id))
         # Both raise if the trial ended on its own meanwhile: then its state stands.
         with contextlib.suppress(RuntimeError, ValueError):
             record.fail(study, trial, record.REASON_CANCELLED)
-            lines.append(
-                f"trial {trial.number}: cancelled {record.DispatchMode.RAY.value if in_ray else name} job {job_id or '-'}"
-            )
+            shown = record.DispatchMode.RAY.value if in_ray else name or (mode and mode.value)
+            lines.append(f"trial {trial.number}: cancelled {shown} job {job_id or '-'}")
     lines += _cancel_queued(spec, cancelled)
     return lines or ["no running trial; launchers and workers of this study take no new trial"]
 

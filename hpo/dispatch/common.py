@@ -225,10 +225,13 @@ class Dispatcher:
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             mode = record.dispatch_mode(trial)
             job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
+            if mode == record.DispatchMode.RAY:  # a trial of a Ray allocation: not a job of this launch's
+                self._fail(trial.number, "its Ray job ended first")
+                failed = True
+                continue
             if job_id is None:
-                if (
-                    mode != record.DispatchMode.WORKERS
-                ):  # none: the ask itself failed after creating the trial
+                # None: the ask itself failed after creating the trial (a worker's: see below)
+                if mode != record.DispatchMode.WORKERS:
                     with contextlib.suppress(RuntimeError, ValueError):
                         record.close_not_run(
                             self.study,

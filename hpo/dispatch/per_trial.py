@@ -187,12 +187,13 @@ class PerTrialDispatcher(Dispatcher):
 
     def _still_holds_resources(self, entry: InFlight) -> bool:
         """A job whose trial has told its result (on an executor whose jobs outlive their trial:
-        Slurm) is still on the cluster while its process exits. Its place in ``max_concurrent`` goes to the next trial once the process has left its
-        result file, the last thing it writes (no RPC: a file on the shared folder), or once Slurm
-        says the job ended. At the site's job limit (``hold_jobs_until_gone``) that is not enough:
-        the job counts against the limit until squeue no longer lists it, so the launcher waits
-        for that, reading squeue at most every ``QUEUE_READ_S`` for all its jobs at once. A job
-        stuck in the queue holds its place for at most ``JOB_EXIT_WAIT_S``."""
+        Slurm) is still on the cluster while its process exits. Its place in ``max_concurrent``
+        goes to the next trial once the process has left its result file, the last thing it writes
+        (no RPC: a file on the shared folder), or once Slurm says the job ended. At the site's job
+        limit (``hold_jobs_until_gone``) that is not enough: the job counts against the limit until
+        squeue no longer lists it, so the launcher waits for that, reading squeue at most every
+        ``QUEUE_READ_S`` for all its jobs at once. A job stuck in the queue holds its place for at
+        most ``JOB_EXIT_WAIT_S``."""
         if any(other.finished is None for other in self.in_flight if other.job_id == entry.job_id):
             return True  # trials packed with it still train on the job's GPU
         if not entry.executor.outlives_trial:

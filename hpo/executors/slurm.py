@@ -3,6 +3,7 @@ squeue (``hpo.slurm``), their cost from sacct."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -29,8 +30,13 @@ class SlurmExecutor:
     site_limited: ClassVar[bool] = True
 
     def __init__(self, log: Log | None = None) -> None:
-        self.states = executors.SlurmStates(log=log)
-        """One sacct for all the launch's jobs every few seconds, one squeue for the queue."""
+        self._log = log
+
+    @functools.cached_property
+    def states(self) -> executors.SlurmStates:
+        """One sacct for all the launch's jobs every few seconds, one squeue for the queue; made
+        on the launcher's first question (a job asking who it is needs none)."""
+        return executors.SlurmStates(log=self._log)
 
     def submitter(
         self,

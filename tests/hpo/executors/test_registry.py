@@ -98,6 +98,7 @@ def _trial(attrs: dict[str, object]) -> optuna.trial.FrozenTrial:
         (record.placement("slurm", record.DispatchMode.WORKERS), "slurm", record.DispatchMode.WORKERS),
         (record.placement("local", record.DispatchMode.RAY), "local", record.DispatchMode.RAY),
         ({}, None, None),  # imported by a warm start, or asked and not yet placed
+        ({"dispatch": "elsewhere", "executor": "slurm"}, "slurm", None),  # a later release's mode
     ],
 )
 def test_a_trial_reads_its_executor_and_mode_whenever_it_was_written(
@@ -142,3 +143,12 @@ def test_the_local_executor_runs_watches_logs_and_cancels_a_job(tmp_path: Path) 
         time.sleep(0.1)
     assert local.ended(str(long.job_id), None)
     assert local.cost([str(long.job_id)]) == {}
+
+
+def test_the_mode_is_written_before_the_executor() -> None:
+    """Attributes are written one at a time: a trial left with ``executor`` alone reads as written
+    before ``dispatch`` existed, which for a worker's or a Ray trial would be the wrong mode."""
+    assert list(record.placement("slurm", record.DispatchMode.WORKERS)) == [
+        record.ATTR_DISPATCH,
+        record.ATTR_EXECUTOR,
+    ]
