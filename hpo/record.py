@@ -32,13 +32,14 @@ import contextlib
 import enum
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import optuna
 
 from hpo import failures, study_record
+from hpo.errors import LaunchError, NotReadyError, StudyFileError
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -159,23 +160,20 @@ def now_iso() -> str:
 class DispatchMode(str, enum.Enum):
     """How a launch ran a trial (the ``dispatch`` attribute), apart from where (``executor``)."""
 
-    PER_TRIAL = "per_trial"
-    """Its own job (or a pack of trials sharing one job's GPU)."""
-    WORKERS = "workers"
-    """Pulled by a ``--workers`` job that runs trial after trial."""
-    RAY = "ray"
-    """A Ray Tune trial inside the study's one Ray allocation."""
+    PER_TRIAL = "per_trial"  # its own job (or a pack of trials sharing one job's GPU)
+    WORKERS = "workers"  # pulled by a --workers job that runs trial after trial
+    RAY = "ray"  # a Ray Tune trial inside the study's one Ray allocation
 
 
-# Studies written before the dispatch attribute existed kept the mode in ``executor`` ("worker",
-# with the job's executor in ``job_kind``; "ray", where the allocation's executor went unrecorded).
+# Studies written before ``dispatch`` kept the mode in ``executor``: "worker" (the executor in
+# ``job_kind``), "ray" (the allocation's executor unrecorded).
 _LEGACY_EXECUTOR_MODES = {"worker": DispatchMode.WORKERS, "ray": DispatchMode.RAY}
 _LEGACY_JOB_KIND = "job_kind"
 
 
 def placement(executor: str, mode: DispatchMode) -> dict[str, str]:
-    """The attributes a launch writes on a trial it runs: how, then where. The mode goes first: a
-    trial left with ``executor`` alone would read as written before ``dispatch`` existed."""
+    """What a launch writes on a trial it runs: how, then where (a trial left with ``executor``
+    alone would read as written before ``dispatch`` existed)."""
     return {ATTR_DISPATCH: mode.value, ATTR_EXECUTOR: executor}
 
 
@@ -207,6 +205,18 @@ def executor_name(trial: optuna.trial.FrozenTrial) -> str | None:
 # --------------------------------------------------------------------------------------------------
 # Optuna's private storage API: here only
 # --------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def unless_told_meanwhile() -> Iterator[None]:
+    """A trial told meanwhile by its own process keeps its state; the service's own errors (a full
+    disk under the journal) go on: swallowed, a launcher would retry the same write forever."""
+    try:
+        yield
+    except (NotReadyError, LaunchError, StudyFileError):
+        raise
+    except (RuntimeError, ValueError):  # told meanwhile
+        pass
 
 
 def trial_id(trial: optuna.Trial | optuna.trial.FrozenTrial) -> int:
@@ -407,7 +417,7 @@ def _close_hopeless_retries(study: optuna.Study, trials: Sequence[optuna.trial.F
             storage.set_trial_user_attr(
                 found, ATTR_FAIL_REASON, f"not run: retry of trial {history[-1]}, which no rerun changes"
             )
-            with contextlib.suppress(RuntimeError, ValueError):
+            with unless_told_meanwhile():
                 storage.set_trial_state_values(found, optuna.trial.TrialState.FAIL)
 
 

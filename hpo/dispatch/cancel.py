@@ -3,7 +3,6 @@ running trials failed as cancelled (a writer: the views only read)."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import TYPE_CHECKING
 
@@ -63,7 +62,7 @@ def cancel(spec: StudySpec, ref: StorageRef, study: optuna.Study) -> list[str]:
             )
             cancelled.add(str(job_id))
         # Both raise if the trial ended on its own meanwhile: then its state stands.
-        with contextlib.suppress(RuntimeError, ValueError):
+        with record.unless_told_meanwhile():
             record.fail(study, trial, record.REASON_CANCELLED)
             shown = record.DispatchMode.RAY.value if in_ray else name or (mode and mode.value)
             lines.append(f"trial {trial.number}: cancelled {shown} job {job_id or '-'}")

@@ -205,11 +205,11 @@ class Dispatcher:
         cancelled after their trials are failed, so the cancel is not taken for an outside one."""
         cut = []
         for entry in self.in_flight:
-            try:
+            with record.unless_told_meanwhile():  # told meanwhile: its state stands
                 record.fail(self.study, entry.number, record.REASON_STOPPED_FAILING)
-            except (RuntimeError, ValueError):
-                continue  # told meanwhile: its state stands
-            cut.append(entry.number)
+                cut.append(entry.number)
+            if entry.number not in cut:
+                continue
             if entry.job is not None:
                 with contextlib.suppress(Exception):  # a job that has just ended
                     entry.job.cancel(check=False)
@@ -232,7 +232,7 @@ class Dispatcher:
             if job_id is None:
                 # None: the ask itself failed after creating the trial (a worker's: see below)
                 if mode != record.DispatchMode.WORKERS:
-                    with contextlib.suppress(RuntimeError, ValueError):
+                    with record.unless_told_meanwhile():
                         record.close_not_run(
                             self.study,
                             trial.number,
@@ -284,8 +284,9 @@ class Dispatcher:
         return reason
 
     def _fail(self, number: int, reason: str, out_of_memory: bool = False) -> None:
-        # These raise if the trial's own process told it meanwhile: then its state stands.
-        with contextlib.suppress(RuntimeError, ValueError):
+        # Told by the trial's own process meanwhile: its state stands. A storage that cannot be
+        # written (a journal on a full disk) stops the launch.
+        with record.unless_told_meanwhile():
             if out_of_memory:
                 record.tell_infeasible(self.study, number, reason, search.directions(self.spec))
                 return

@@ -126,7 +126,7 @@ class PerTrialDispatcher(Dispatcher):
             raise LaunchError(f"submission failed: {one_line(err, last=True, name=False)}") from None
         for slot, trial in enumerate(trials):
             # A trial that fails within a second may have told already: its attributes are frozen.
-            with contextlib.suppress(RuntimeError):
+            with record.unless_told_meanwhile():
                 record.set_attr(trial, record.ATTR_JOB_ID, str(job.job_id))
             # Still under the deferred signals: a launcher stopped now reports this trial as running.
             entry = InFlight(

@@ -179,3 +179,29 @@ def test_a_journals_filesystem_type_is_read_from_its_mount_and_tmpfs_is_not_warn
     assert shared_filesystem_warning(small_filesystem / "study.journal") is None
     assert filesystem_type(Path("/proc/self")) == "proc"
     assert {"nfs", "nfs4", "gpfs", "lustre"} <= set(SHARED_FILESYSTEMS)
+
+
+def test_a_trial_failed_on_a_full_disk_stops_the_launcher_rather_than_being_taken_as_told(
+    small_filesystem: Path,
+) -> None:
+    """The launcher fails a trial whose process died (here: of the full disk) and takes Optuna's
+    refusal to change a trial told meanwhile as "its state stands". The full disk is no such
+    refusal: swallowed, the launcher would try the same write every round, forever."""
+    from hpo import record
+    from hpo.journal import JournalWriteError
+    from hpo.storage import StorageRef, open_storage
+
+    storage = open_storage(StorageRef("journal", str(small_filesystem / "study.journal")), create=True)
+    study = optuna.create_study(study_name="full", storage=storage)
+    trial = study.ask()
+    with pytest.raises(JournalWriteError):  # other trials' writes fill the disk
+        while True:
+            study.ask()
+
+    with pytest.raises(JournalWriteError), record.unless_told_meanwhile():
+        record.fail(study, trial.number, "its job ended without telling a result")
+    subprocess.run(["mount", "-o", "remount,size=1m", str(small_filesystem)], check=True)  # space freed
+    study.tell(trial, 1.0)
+    with record.unless_told_meanwhile():  # told meanwhile: Optuna refuses, the state stands
+        record.fail(study, trial.number, "its job ended without telling a result")
+    assert study.trials[0].state == optuna.trial.TrialState.COMPLETE
