@@ -33,8 +33,14 @@ from tests.hpo.helpers import (
 STEPS = 8
 
 # A trial of the user's own code that checkpoints its step, so that a requeued job resumes it.
+# While a file `hold` lies beside it, a trial waits after its step 2: a test signals jobs whose
+# trials are all mid-run, however the jobs' starts were spread (a job whose trials finished first
+# could not be signalled).
 CHECKPOINTED_OBJECTIVE = f"""
 import time
+from pathlib import Path
+
+HOLD = Path(__file__).parent / "hold"
 
 def objective(params, trial):
     step_file = trial.checkpoint_dir() / "step"
@@ -46,6 +52,8 @@ def objective(params, trial):
         step_file.write_text(str(step))
         if trial.report(step, params["x"] * step):
             return None
+        while step == 2 and HOLD.exists():
+            time.sleep(0.2)
     return params["x"] * {STEPS}
 """
 
@@ -146,6 +154,8 @@ def test_packed_trials_on_slurm_prune_requeue_resume_and_share_the_cost_of_their
         enqueue=[{"x": 0.5}, {"x": 1.5}, {"x": 1.8}, {"x": 2.0}],
     )
     study_file = write_study(tmp_path / "study.yaml", document)
+    hold = tmp_path / "hold"
+    hold.touch()  # the trials wait after their step 2 until both jobs are signalled
     launcher = launch_in_background(study_file, fresh_database)
     trials = wait_for_trials(
         document,
@@ -154,7 +164,7 @@ def test_packed_trials_on_slurm_prune_requeue_resume_and_share_the_cost_of_their
         lambda trials: (
             len(trials) == 4
             and trials[0].state.name == "PRUNED"
-            and all(len(t.intermediate_values) >= 2 for t in trials[1:])
+            and all(len(t.intermediate_values) == 2 for t in trials[1:])
         ),
         timeout=300,
     )
@@ -163,6 +173,7 @@ def test_packed_trials_on_slurm_prune_requeue_resume_and_share_the_cost_of_their
     # Slurm's signal before the time limit (or a preemption's), to the batch shell as --signal=B:USR2@90.
     for job in (job_id, other_job):
         subprocess.run(["scancel", "--full", "--signal=USR2", job], check=True, timeout=30)
+    hold.unlink()
     output = launcher.communicate(timeout=600)[0]
     assert launcher.returncode == 0, output
 
@@ -177,7 +188,7 @@ def test_packed_trials_on_slurm_prune_requeue_resume_and_share_the_cost_of_their
         assert trial.user_attrs.get("restarts") == 1, trial.user_attrs
         log = (tmp_path / "work" / "jobs" / job / f"{job}_slot{slot}_log.out").read_text()
         steps = re.findall(rf"trial {trial.number}: resumed from step (\d+)", log)
-        assert len(steps) == 1 and int(steps[0]) >= 2, log
+        assert len(steps) == 1 and int(steps[0]) == 2, log
     logs = tmp_path / "work" / "jobs" / job_id
     # The pruned trial was not run again by the requeued job: it was finished.
     assert "already finished in the study; nothing to run" in (logs / f"{job_id}_slot0_log.out").read_text()
