@@ -8,19 +8,16 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from trainer.config import DEFAULT_FASHION_MNIST_ROOT, TrainConfig
 from trainer.sources import FASHION_MNIST_FILES, find_fashion_mnist_file
 
 REPO = Path(__file__).resolve().parents[1]
-
-# Same thread count in every process: CPU kernels then give the same bits, run after run.
-torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -137,3 +134,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return (0 if parts[0] == "hpo" else 1 if len(parts) == 1 else 2, item.path.name)
 
     items.sort(key=place)  # stable: a file's tests keep their order
+
+
+# Where the suite's time goes, printed at its end (the per-test list is `--durations`): the run's
+# wall time and the 20 files whose tests took longest, set-up and tear-down included, lock waits too.
+# Under pytest-xdist the workers' reports reach this hook in the controller with their durations.
+SLOWEST_FILES = 20
+_SESSION_STARTED = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    per_file: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                path = report.nodeid.split("::", 1)[0]
+                per_file[path] = per_file.get(path, 0.0) + report.duration
+    if not per_file:
+        return
+    wall = time.monotonic() - _SESSION_STARTED
+    terminalreporter.write_sep(
+        "=",
+        f"time per file ({wall:.0f} s wall since collection began, {sum(per_file.values()):.0f} s of tests)",
+    )
+    for path, seconds in sorted(per_file.items(), key=lambda item: -item[1])[:SLOWEST_FILES]:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {path}")

@@ -15,18 +15,21 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
-from torchvision import datasets as tv_datasets
-from torchvision.transforms import v2
 
 from trainer.config import TrainConfig
 from trainer.errors import ConfigError
 from trainer.sources import FASHION_MNIST_FILES, check_data_available, find_fashion_mnist_file
+
+# torchvision is imported where a dataset or transform of its own is used, not here: its import costs
+# about 2 s of CPU in every trial process, most of which read Fashion-MNIST's idx files by hand.
+if TYPE_CHECKING:
+    from torchvision import datasets as tv_datasets
 
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -107,6 +110,8 @@ class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
 def load_fashion_mnist(config: TrainConfig) -> tuple[InMemoryImages, InMemoryImages]:
     root = Path(config.resolved_data_root or ".")
     if config.download and not find_fashion_mnist_file(root, FASHION_MNIST_FILES["train"][0]):
+        from torchvision import datasets as tv_datasets
+
         for train in (True, False):
             tv_datasets.FashionMNIST(str(root), train=train, download=True)
     splits = []
@@ -164,6 +169,8 @@ RandomTransform = Callable[[Any, random.Random], torch.Tensor]
 
 def imagenet_transforms(image_size: int, val_size: int) -> tuple[RandomTransform, Transform]:
     """The reference ImageNet recipe: RandomResizedCrop + flip to train, resize + center crop to validate."""
+    from torchvision.transforms import v2
+
     to_uint8 = [v2.ToImage(), v2.ToDtype(torch.uint8)]
     train = v2.Compose(
         [v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip(), *to_uint8]
@@ -174,6 +181,7 @@ def imagenet_transforms(image_size: int, val_size: int) -> tuple[RandomTransform
 
 def small_folder_transforms(image_size: int, val_size: int) -> tuple[RandomTransform, Transform]:
     """Small images read from folders: decode and resize, then the light augmentation."""
+    from torchvision.transforms import v2
 
     def decode(size: int) -> Transform:
         return v2.Compose(
@@ -341,6 +349,8 @@ def build_datasets(config: TrainConfig) -> DataBundle:
 
 def _open_folders(config: TrainConfig) -> tuple[tv_datasets.ImageFolder, tv_datasets.ImageFolder]:
     """The train and val class folders; unusable ones are a one-line ConfigError, not a traceback."""
+    from torchvision import datasets as tv_datasets
+
     root = config.resolved_data_root or "."
     try:
         if config.dataset == "imagefolder":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision import models as tv_models
 
 from trainer.config import CIFAR_MODELS, TORCHVISION_MODELS
 
@@ -63,6 +62,10 @@ def build_model(name: str, num_classes: int, in_channels: int = 3, width: int = 
     if name in CIFAR_MODELS:
         return CifarResNet(int(name.removeprefix("resnet")), num_classes, in_channels, width)
     if name in TORCHVISION_MODELS:
+        # Imported here: `import torchvision` costs about 2 s of CPU (its ops pull in dynamo and
+        # sympy), paid by every trial of the narrow CIFAR ResNets that never use it.
+        from torchvision import models as tv_models
+
         model: nn.Module = getattr(tv_models, name)(weights=None, num_classes=num_classes)
         if in_channels != 3:
             # Grayscale input: a stem with fewer input channels, the rest of the network unchanged.
