@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stops what deploy/local-cluster/up.sh started: jobs, slurmd n1, n2 and n3, slurmctld, slurmdbd,
-# MariaDB, munged and PostgreSQL. Idempotent: whatever is not running is skipped. Configuration,
+# Stops what deploy/local-cluster/up.sh started: jobs, the fault cluster, slurmd n1, n2 and n3,
+# slurmctld, slurmdbd, MariaDB, munged and PostgreSQL. Idempotent: whatever is not running is skipped. Configuration,
 # passwords, accounting and database contents stay, for the next up.sh.
 set -euo pipefail
 
@@ -21,6 +21,14 @@ if daemon_pid "$SLURMCTLD_PID" slurmctld >/dev/null; then
         wait_for 30 no_jobs || log "jobs still in the queue after 30 s: stopping anyway"
     fi
 fi
+
+# The fault cluster first (faults.sh), its jobs with it.
+if daemon_pid "$FAULTS_RUN/slurmctld.pid" slurmctld >/dev/null; then
+    SLURM_CONF=$FAULTS_CONF_DIR/slurm.conf scancel --partition=faults 2>/dev/null || true
+fi
+for node in "${FAULT_NODES[@]}"; do stop_daemon "$FAULTS_RUN/slurmd-$node.pid" slurmd; done
+stop_daemon "$FAULTS_RUN/slurmctld.pid" slurmctld
+stop_daemon "$FAULTS_RUN/slurmdbd.pid" slurmdbd
 
 # Reverse order of up.sh: the daemons that talk to the others go first.
 for node in "${NODES[@]}" "${WIDE_NODES[@]}"; do stop_daemon "$(slurmd_pidfile "$node")" slurmd; done

@@ -23,6 +23,13 @@ SLURMCTLD_PID=$SLURM_RUN/slurmctld.pid
 SLURMDBD_PID=$SLURM_RUN/slurmdbd.pid
 slurmd_pidfile() { echo "$SLURM_RUN/slurmd-$1.pid"; }
 MARIADB_PID=/run/mysqld/mysqld.pid
+
+# The fault cluster (faults.sh): a second Slurm on this host, for the tests that stop its daemons.
+FAULTS_CLUSTER=localfaults
+FAULT_NODES=(f1 f2)
+FAULTS_CONF_DIR=/etc/slurm-faults
+FAULTS_RUN=/run/slurm-faults
+FAULTS_LOG=/var/log/slurm-faults
 MUNGED_PID=/run/munge/munged.pid
 
 log() { printf '[%s] %s\n' "$SCRIPT" "$*" >&2; }
@@ -71,4 +78,30 @@ stop_daemon() {
         wait_for 5 dead "$pid" || die "could not stop $name (pid $pid)"
     fi
     rm -f "$pidfile"
+}
+
+# Template $1 with each following pair of arguments (placeholder, value) substituted; done by
+# bash itself so that the password never shows on a command line.
+render() {
+    local text
+    text=$(<"$1")
+    shift
+    while (($#)); do
+        text=${text//"$1"/"$2"}
+        shift 2
+    done
+    printf '%s' "$text"
+}
+# Writes content $2 to $1 (root-owned, mode $3) unless it is already there; succeeds only when
+# the file changed, so that the daemons reading it get restarted.
+update_file() {
+    local dst=$1 content=$2 mode=$3 tmp
+    if [[ -f $dst && $(<"$dst") == "$content" ]]; then
+        chmod "$mode" "$dst"
+        return 1
+    fi
+    tmp=$(mktemp "$dst.XXXXXX") # created mode 600: no window where a secret is readable
+    printf '%s\n' "$content" >"$tmp"
+    chmod "$mode" "$tmp"
+    mv -f "$tmp" "$dst"
 }

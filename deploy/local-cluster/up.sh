@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts a local test cluster on this one Debian 12 host, without systemd: a three-node Slurm (three
-# slurmd daemons emulating n1, n2 and n3, slurmctld, slurmdbd on MariaDB for sacct, munge) and a
-# PostgreSQL 15 database for the HPO service. Idempotent: what already runs is left running, so a
+# slurmd daemons emulating n1, n2 and n3, slurmctld, slurmdbd on MariaDB for sacct, munge), a
+# PostgreSQL 15 database for the HPO service, and the fault cluster of faults.sh (a second Slurm
+# whose daemons the fault tests stop). Idempotent: what already runs is left running, so a
 # second run only checks (a few seconds). Progress goes to stderr; the last line on stdout is the
 # database URL (no password: it is in ~/.pgpass), so URL=$(deploy/local-cluster/up.sh | tail -1).
 set -euo pipefail
@@ -55,12 +56,13 @@ fi
 install -d -m 755 "$SLURM_RUN" "$SLURM_LOG" /var/lib/slurm/slurmctld
 
 # ---- 2. Host names ---------------------------------------------------------------------------
-# n1, n2 and n3 are emulated on this host: they (and this host's own name, which slurm.conf uses)
-# must resolve to 127.0.0.1 so that a DDP rendezvous on "n1" reaches this machine. Append only:
+# n1, n2 and n3 (and the fault cluster's f1 and f2) are emulated on this host: they (and this
+# host's own name, which slurm.conf uses) must resolve to 127.0.0.1 so that a DDP rendezvous on "n1"
+# (or a Ray head on "f1") reaches this machine. Append only:
 # /etc/hosts may be a bind mount (containers) that cannot be replaced.
 HOST=$(hostname -s)
 add_names=()
-for name in "${NODES[@]}" "${WIDE_NODES[@]}" "$HOST"; do
+for name in "${NODES[@]}" "${WIDE_NODES[@]}" "${FAULT_NODES[@]}" "$HOST"; do
     addr=$(getent ahostsv4 "$name" | awk 'NR == 1 {print $1}') || true
     if [[ -z $addr ]]; then
         add_names+=("$name")
@@ -114,32 +116,6 @@ GRANT ALL PRIVILEGES ON slurm_acct_db.* TO 'slurm'@'localhost';
 SQL
 
 # ---- 5. Slurm configuration ------------------------------------------------------------------
-# Template $1 with each following pair of arguments (placeholder, value) substituted; done by
-# bash itself so that the password never shows on a command line.
-render() {
-    local text
-    text=$(<"$1")
-    shift
-    while (($#)); do
-        text=${text//"$1"/"$2"}
-        shift 2
-    done
-    printf '%s' "$text"
-}
-# Writes content $2 to $1 (root-owned, mode $3) unless it is already there; succeeds only when
-# the file changed, so that the daemons reading it get restarted.
-update_file() {
-    local dst=$1 content=$2 mode=$3 tmp
-    if [[ -f $dst && $(<"$dst") == "$content" ]]; then
-        chmod "$mode" "$dst"
-        return 1
-    fi
-    tmp=$(mktemp "$dst.XXXXXX") # created mode 600: no window where a secret is readable
-    printf '%s\n' "$content" >"$tmp"
-    chmod "$mode" "$tmp"
-    mv -f "$tmp" "$dst"
-}
-
 # Each emulated node claims 8000 MB, or all of this host's memory if it has less.
 mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)
 real_memory=$((mem_mb < 8000 ? mem_mb : 8000))
@@ -291,5 +267,8 @@ update_file "$pgpass" "${others:+$others$'\n'}$PG_PASSLINE_PREFIX$pg_pass" 600 |
 [[ $(psql -X -A -t -w "$PG_URL" -c 'select 1' 2>&1) == 1 ]] ||
     die "cannot connect to $PG_URL with the password of $pgpass"
 log "postgres ok: $PG_URL (password in $pgpass and $PG_PASSFILE)"
+
+# ---- 9. The fault cluster: a second Slurm for the tests that stop its daemons ----------------
+bash "$HERE/faults.sh"
 
 echo "$PG_URL"

@@ -53,6 +53,11 @@ UNKNOWN_GRACE_S = float(os.environ.get("HPO_UNKNOWN_GRACE_S", "300"))
 """How long a job that neither sacct nor squeue knows is given before the launcher takes it as
 ended. ``HPO_UNKNOWN_GRACE_S`` overrides it (the fault tests shorten it to pass it quickly)."""
 
+REQUEUE_GRACE_S = float(os.environ.get("HPO_REQUEUE_GRACE_S", "90"))
+"""How long a job that ended NODE_FAIL or PREEMPTED is given to be requeued by Slurm before the
+launcher takes it as ended and fails its trial. ``HPO_REQUEUE_GRACE_S`` overrides it (the local test
+cluster requeues within seconds, and its fault tests shorten it)."""
+
 # sbatch's words for a controller that is away or overloaded: worth trying again.
 _CONTROLLER_AWAY = (
     "unable to contact slurm controller",
@@ -342,7 +347,7 @@ class SlurmStates:
         self,
         refresh_s: float = 10.0,
         unknown_grace_s: float = UNKNOWN_GRACE_S,
-        requeue_grace_s: float = 90.0,
+        requeue_grace_s: float = REQUEUE_GRACE_S,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.refresh_s = refresh_s
