@@ -31,10 +31,12 @@ cluster:
 cluster-down:
 	bash deploy/local-cluster/down.sh
 
-# Two pytest workers that take tests as they free up; a test that injects a fault into the shared
-# cluster waits until it has the cluster to itself (a lock in tests/conftest.py).
+# Three pytest workers on the 2 cores: most of a test of the service waits on Slurm, a database or
+# a trial's sleep, and a third worker runs meanwhile. The tests that start Ray run one after the
+# other on one worker (an xdist group); a fault test that stops a daemon runs on the fault cluster
+# of its own (deploy/local-cluster/faults.sh). Prints the 20 slowest files and the run's time.
 test: lint cluster
-	$(VENV)/bin/pytest -n 2 --dist worksteal
+	$(VENV)/bin/pytest -n 3 --dist loadgroup
 
 # The layer below the cluster: the tests marked `fast` (pure functions, the schema, reference sbatch
 # files, recorded Slurm output, the docs, the import graph); under a minute, no cluster needed.

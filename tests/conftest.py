@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -88,14 +89,80 @@ def shared_lock(name: str, mode: int) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def cluster_lock(test: pytest.Item) -> contextlib.AbstractContextManager[None]:
+    """The cluster's lock as `test` must hold it: none for an `isolated` test, alone for one that
+    injects a fault or measures shares, shared otherwise. Taken by the `local_cluster` fixture."""
+    if test.get_closest_marker("isolated") is not None:
+        return contextlib.nullcontext()
+    alone = any(test.get_closest_marker(m) is not None for m in ("injects_fault", "measures_shares"))
+    return shared_lock("cluster", fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+
+
+# The rule that keeps the lock hole closed: while the suite runs, the cluster's commands on PATH are
+# guards that refuse to run (exit 97, one line) unless the process that runs them, or the test that
+# started it, holds the cluster through the `local_cluster` fixture, which sets the variable below.
+# A test that reaches Slurm without asking for the cluster then fails where it calls the command,
+# instead of running beside a fault test that has stopped slurmctld. PostgreSQL is reached only
+# through the URL that fixture (or an isolated test's own server) hands out.
+HELD = "HPO_TEST_CLUSTER_HELD"
+GUARDED = ("sbatch", "srun", "salloc", "scontrol", "squeue", "sacct", "sacctmgr", "scancel", "sinfo", "psql")
+GUARDS = LOCKS / "cluster-guards"
+
+
+def guard_script(real: str) -> str:
+    return f"""#!/bin/sh
+# Written by tests/conftest.py: the real command, for a test that holds the local cluster.
+if [ "${{{HELD}:-}}" != 1 ]; then
+    echo "$(basename "$0") run by a test that does not hold the local cluster: ask for the local_cluster fixture" >&2
+    exit 97
+fi
+exec {real} "$@"
+"""
+
+
+def write_guards(folder: Path, path: str) -> None:
+    """A guard in ``folder`` for each cluster command found on ``path`` (the search path without
+    the guards), which it runs by its absolute name: a test's own wrapper of a command, earlier on
+    PATH, may run the guard in turn."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in GUARDED:
+        real = shutil.which(name, path=path)
+        if real is None:
+            continue
+        guard, script = folder / name, guard_script(real)
+        if not guard.exists() or guard.read_text() != script:
+            partial = guard.with_suffix(f".{os.getpid()}")
+            partial.write_text(script)
+            partial.chmod(0o755)
+            partial.replace(guard)  # atomic: the other worker may be running it
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not shutil.which("sbatch"):  # no Slurm here: nothing a test could reach without the fixture
+        return
+    if not os.environ["PATH"].startswith(f"{GUARDS}:"):
+        write_guards(GUARDS, os.environ["PATH"])
+        os.environ["PATH"] = f"{GUARDS}:{os.environ['PATH']}"
+
+
+@contextlib.contextmanager
+def holding_the_cluster() -> Iterator[None]:
+    """Let this process and its children run the cluster's commands (the guards above)."""
+    before = os.environ.get(HELD)
+    os.environ[HELD] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[HELD]
+        else:
+            os.environ[HELD] = before
+
+
 @pytest.fixture(autouse=True)
-def _turn_on_shared_resources(request: pytest.FixtureRequest) -> Iterator[None]:
-    test = request.node
+def _one_ray_test_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
     with contextlib.ExitStack() as held:
-        if "local_cluster" in request.fixturenames and test.get_closest_marker("isolated") is None:
-            alone = any(test.get_closest_marker(m) is not None for m in ("injects_fault", "measures_shares"))
-            held.enter_context(shared_lock("cluster", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
-        if test.get_closest_marker("ray_ports") is not None:
+        if request.node.get_closest_marker("ray_ports") is not None:
             held.enter_context(shared_lock("ray", fcntl.LOCK_EX))
         yield
 
@@ -104,7 +171,7 @@ def _turn_on_shared_resources(request: pytest.FixtureRequest) -> Iterator[None]:
 # or one test by its decorator): no cluster, no database, no training, in under a minute with the
 # cluster stopped. A mark travels with its module when the file is renamed or moved. A fast test that
 # asks for the cluster or the database (itself or through another fixture) stops the collection.
-CLUSTER_FIXTURES = frozenset({"local_cluster", "fresh_database"})
+CLUSTER_FIXTURES = frozenset({"local_cluster", "fresh_database", "empty_database", "fault_cluster"})
 
 
 def fast_tests_on_the_cluster(items: list[pytest.Item]) -> list[str]:
@@ -125,15 +192,37 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             + ", ".join(on_the_cluster)
         )
 
-    # The tests of hpo run in the order of their files' names, not their folders': the fault tests
-    # that hold the cluster alone then sit among the others, and the two workers' halves (pytest-xdist
-    # hands each a contiguous half first) wait less for each other. Ordered by folder, the same
-    # tests took 1,828 s against 1,590 s; tests waited up to 158 s for the cluster's lock (52 s).
+    # The order the workers take tests in (pytest-xdist's loadgroup hands them out in it, each worker
+    # holding at most two): the tests that run one at a time first, as one group that one worker runs
+    # while the others work through the rest (it is the longest unit of the suite); then the tests of hpo in the order
+    # of their files' names, not their folders', so that slow files sit among quick ones; then a test
+    # that holds the cluster alone, while the other workers go on to the tests that need no
+    # cluster: the top-level tests and the trainer's, whose many short tests fill the end of the run.
     def place(item: pytest.Item) -> tuple[int, str]:
         parts = item.path.relative_to(REPO / "tests").parts
-        return (0 if parts[0] == "hpo" else 1 if len(parts) == 1 else 2, item.path.name)
+        if one_at_a_time(item):
+            return (0, item.path.name)
+        if any(item.get_closest_marker(m) is not None for m in ("injects_fault", "measures_shares")):
+            return (2, item.path.name)
+        return (1 if parts[0] == "hpo" else 3 if len(parts) == 1 else 4, item.path.name)
 
     items.sort(key=place)  # stable: a file's tests keep their order
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # The tests that must run one at a time (Ray on this host's fixed ports, the fault cluster) run
+    # one after the other on one worker (`--dist loadgroup`), instead of workers waiting for their
+    # locks while another holds them. Marked as each is collected: pytest-xdist reads the groups in
+    # its own pytest_collection_modifyitems, which runs before this file's.
+    if one_at_a_time(item):
+        item.add_marker(pytest.mark.xdist_group("one-at-a-time"))
+
+
+def one_at_a_time(item: pytest.Item) -> bool:
+    """A test that starts Ray on this host's fixed ports, or runs on the fault cluster."""
+    return item.get_closest_marker("ray_ports") is not None or "fault_cluster" in getattr(
+        item, "fixturenames", ()
+    )
 
 
 # Where the suite's time goes, printed at its end (the per-test list is `--durations`): the run's

@@ -26,8 +26,9 @@ from trainer.config import TrainConfig
 from trainer.errors import ConfigError
 from trainer.sources import FASHION_MNIST_FILES, check_data_available, find_fashion_mnist_file
 
-# torchvision is imported where a dataset or transform of its own is used, not here: its import costs
-# about 2 s of CPU in every trial process, most of which read Fashion-MNIST's idx files by hand.
+# torchvision is imported where a dataset or transform of its own is used, not here: its modules cost
+# about 0.4 s of CPU in every trial process (bench/first_report.py), most of which read Fashion-MNIST's
+# idx files by hand. (The dynamo and sympy it imports load anyway: torch's optimizers import them.)
 if TYPE_CHECKING:
     from torchvision import datasets as tv_datasets
 

@@ -62,8 +62,8 @@ def build_model(name: str, num_classes: int, in_channels: int = 3, width: int = 
     if name in CIFAR_MODELS:
         return CifarResNet(int(name.removeprefix("resnet")), num_classes, in_channels, width)
     if name in TORCHVISION_MODELS:
-        # Imported here: `import torchvision` costs about 2 s of CPU (its ops pull in dynamo and
-        # sympy), paid by every trial of the narrow CIFAR ResNets that never use it.
+        # Imported here: torchvision's own modules cost about 0.4 s of CPU (bench/first_report.py),
+        # paid by every trial of the narrow CIFAR ResNets that never use it.
         from torchvision import models as tv_models
 
         model: nn.Module = getattr(tv_models, name)(weights=None, num_classes=num_classes)

@@ -12,18 +12,19 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import shared_lock
+from tests.conftest import cluster_lock, holding_the_cluster, shared_lock
 from tests.hpo.helpers import REPO
 
 
 @pytest.fixture(scope="session")
-def local_cluster() -> str:
-    """Bring up (or find up) the three-node Slurm and PostgreSQL; return the database URL."""
+def _cluster_started() -> str:
+    """Bring up (or find up) the Slurm cluster and PostgreSQL once per worker; the database URL."""
     # Shared: up.sh would start again the slurmd that a fault test beside has just killed.
-    with shared_lock("cluster", fcntl.LOCK_SH):
+    with shared_lock("cluster", fcntl.LOCK_SH), holding_the_cluster():
         proc = subprocess.run(
             ["bash", str(REPO / "deploy/local-cluster/up.sh")], capture_output=True, text=True, timeout=900
         )
@@ -33,12 +34,78 @@ def local_cluster() -> str:
 
 
 @pytest.fixture
-def fresh_database(local_cluster: str) -> Iterator[str]:
-    """A new, empty PostgreSQL database owned by the service's role, dropped afterwards."""
+def local_cluster(_cluster_started: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The running Slurm cluster and PostgreSQL (their database URL), held for this test.
+
+    The cluster's lock is taken here, in the one fixture that hands the cluster out, so a test holds
+    it however it asks (in its signature, through another fixture, or `request.getfixturevalue`
+    mid-test): shared, or alone for a test that breaks a part everyone uses (see tests/conftest.py)."""
+    with cluster_lock(request.node), holding_the_cluster():
+        yield _cluster_started
+
+
+def _psql(server: str, *statements: str) -> None:
+    commands = [arg for statement in statements for arg in ("-c", statement)]
+    subprocess.run(["psql", "-X", "-w", "-q", f"{server}/postgres", *commands], check=True, timeout=60)
+
+
+def _new_database(server: str, template: str | None = None) -> Iterator[str]:
     name = f"hpo_test_{uuid.uuid4().hex[:12]}"
-    admin = local_cluster.rsplit("/", 1)[0] + "/postgres"
-    subprocess.run(["psql", "-X", "-w", "-q", admin, "-c", f"CREATE DATABASE {name}"], check=True, timeout=60)
-    yield local_cluster.rsplit("/", 1)[0] + f"/{name}"
-    subprocess.run(
-        ["psql", "-X", "-w", "-q", admin, "-c", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], timeout=60
-    )
+    _psql(server, f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
+    yield f"{server}/{name}"
+    _psql(server, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def _database_template(_cluster_started: str) -> str:
+    """A database holding Optuna's schema and nothing else, which each test's database copies: a
+    copy takes 0.2 s, the schema's creation by the launcher 1 to 2 s (and it is not their subject).
+    One per Optuna version, made once for every worker and every run; it is built under another
+    name and renamed once whole, so a run stopped midway leaves no half-made template."""
+    import optuna
+
+    server = _cluster_started.rsplit("/", 1)[0]
+    template = "hpo_test_template_optuna_" + optuna.__version__.replace(".", "_")
+    with shared_lock("database-template", fcntl.LOCK_EX), holding_the_cluster():
+        listed = subprocess.run(
+            ["psql", "-X", "-w", "-A", "-t", f"{server}/postgres", "-c",
+             f"SELECT count(*) FROM pg_database WHERE datname = '{template}'"],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout.strip()  # fmt: skip
+        if listed != "1":
+            partial = f"{template}_partial"
+            _psql(server, f"DROP DATABASE IF EXISTS {partial} WITH (FORCE)", f"CREATE DATABASE {partial}")
+            storage = optuna.storages.RDBStorage(f"{server}/{partial}")
+            storage.engine.dispose()  # no session may stay on a database that is copied
+            _psql(server, f"ALTER DATABASE {partial} RENAME TO {template}")
+    return template
+
+
+@pytest.fixture
+def fresh_database(local_cluster: str, _database_template: str) -> Iterator[str]:
+    """A new PostgreSQL database owned by the service's role, holding Optuna's schema and no study;
+    dropped afterwards."""
+    yield from _new_database(local_cluster.rsplit("/", 1)[0], _database_template)
+
+
+@pytest.fixture
+def empty_database(local_cluster: str) -> Iterator[str]:
+    """A new PostgreSQL database without even Optuna's schema, for a test of what creates it."""
+    yield from _new_database(local_cluster.rsplit("/", 1)[0])
+
+
+FAULTS_CONF = "/etc/slurm-faults/slurm.conf"
+FAULTS_RUN = Path("/run/slurm-faults")
+"""The fault cluster's configuration and pid files (deploy/local-cluster/faults.sh)."""
+
+
+@pytest.fixture
+def fault_cluster(local_cluster: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The fault cluster: a Slurm of its own on this host (its slurmctld, slurmdbd and two nodes,
+    f1 and f2, in partition `faults`), for a test that stops one of them; the other tests go on
+    beside it on the local cluster. Held alone, one such test at a time. SLURM_CONF points this
+    test's Slurm commands, and the launchers it starts (and so their jobs), at it. Yields the
+    database URL: PostgreSQL is the local cluster's."""
+    with shared_lock("fault-cluster", fcntl.LOCK_EX):
+        monkeypatch.setenv("SLURM_CONF", FAULTS_CONF)
+        yield local_cluster

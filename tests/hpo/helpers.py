@@ -87,18 +87,88 @@ def score_study(tmp_path: Path, name: str, objective: dict[str, Any], **study: A
     return document
 
 
-def sleeping_objective(steps: int, step_s: float) -> str:
+# A stand-in for the trainer where the service is the subject (faults, relaunches, budgets): the same
+# search space and metric as `study_document`'s trainer, epochs of `epoch_s` seconds, a checkpoint of
+# its epoch that a requeued or retried trial resumes from, and no torch to import (a trial's job
+# starts in about a second instead of six, and spends no CPU on training). The trainer's own path is
+# tested end to end in tests/hpo/dispatch/test_launch.py, test_ray_backend.py and one fault test.
+# While a file `hold` lies beside it, a trial waits after its epoch `hold_after`: a test can act on
+# trials that are all mid-run, however their jobs' starts were spread.
+STAND_IN_TRAINER = """
+import math
+import time
+from pathlib import Path
+
+HOLD = Path(__file__).parent / "hold"
+
+
+def val_accuracy(params, epoch):
+    # Best at lr 0.3 (GOOD), far lower at lr 0.001 (BAD), rising with the epochs.
+    distance = abs(math.log10(params["lr"] / 0.3))
+    return round((0.9 - 0.1 * distance) * (1 - 0.5 ** epoch), 6)
+
+
+def objective(params, trial):
+    params = trial.params()  # the searched ones and objective.fixed's
+    epochs, epoch_s, hold_after = params["epochs"], params["epoch_s"], params["hold_after"]
+    saved = trial.checkpoint_dir() / "epoch"
+    start = int(saved.read_text()) if saved.exists() else 0
+    if start:
+        print(f"trial {trial.number}: resumed from epoch {start}", flush=True)
+    for epoch in range(start + 1, epochs + 1):
+        time.sleep(epoch_s)
+        # Reported, then saved: a fault between the two redoes the epoch, whose report replaces its own.
+        if trial.report(epoch, val_accuracy(params, epoch)):
+            return None
+        saved.write_text(str(epoch))
+        while epoch == hold_after and HOLD.exists():
+            time.sleep(0.2)
+    return val_accuracy(params, epochs)
+"""
+
+
+def stand_in_study(
+    folder: Path,
+    name: str,
+    epochs: int = 3,
+    epoch_s: float = 1.0,
+    hold_after: int = 0,
+    workdir: Path | None = None,
+    **sections: Any,
+) -> dict[str, Any]:
+    """`study_document`'s study with the torch-free stand-in (written as ``stand_in.py`` in
+    ``folder``, where the study file goes) in place of the trainer; its workdir is ``folder/work``
+    unless given."""
+    (folder / "stand_in.py").write_text(STAND_IN_TRAINER)
+    document = study_document(name, workdir or folder / "work", **sections)
+    del document["trainer"]
+    document["study"].update(metric="val_accuracy", direction="maximize")
+    document["objective"] = {
+        "function": "stand_in:objective",
+        "steps": epochs,
+        "fixed": {"epochs": epochs, "epoch_s": epoch_s, "hold_after": hold_after},
+    }
+    return document
+
+
+def sleeping_objective(steps: int, step_s: float, hold_after: int = 0) -> str:
     """A module (write it as ``my_objective.py`` beside the study file) whose ``objective`` reports
     ``x * step`` for ``steps`` steps, ``step_s`` seconds apart: a trial long enough to be hit by
-    a fault, with no torch to import (its job starts in a second)."""
+    a fault, with no torch to import (its job starts in a second). While a file ``hold`` lies
+    beside it, a trial waits after its step ``hold_after``."""
     return f"""
 import time
+from pathlib import Path
+
+HOLD = Path(__file__).parent / "hold"
 
 def objective(params, trial):
     for step in range(1, {steps} + 1):
         time.sleep({step_s})
         if trial.report(step, params["x"] * step):
             return None
+        while step == {hold_after} and HOLD.exists():
+            time.sleep(0.2)
     return params["x"] * {steps}
 """
 
@@ -283,13 +353,22 @@ def kill_job_processes(job_id: str, stepd: bool = True) -> None:
     """SIGKILL the processes of a Slurm job (the batch script, srun, the tasks; its slurmstepd
     unless ``stepd`` is False), as the kernel's OOM killer or a crash would: nothing is told.
     (`scancel --signal=KILL` does not do this: Slurm 22.05 takes it as a cancel, TERM first and
-    KILL after KillWait, and a trial ignores TERM and may finish meanwhile.)"""
+    KILL after KillWait, and a trial ignores TERM and may finish meanwhile.) The job is the one of
+    the cluster SLURM_CONF names: the fault cluster numbers its jobs from 1 too."""
+    conf = b"SLURM_CONF=" + os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf").encode()
     victims = []
     for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
             variables = environ.read_bytes().split(b"\0")
             cmdline = (environ.parent / "cmdline").read_bytes()
         except OSError:
+            continue
+        # A slurmstepd inherits its slurmd's environment (SLURM_CONF for the fault cluster's), a
+        # job's process the submitter's; no SLURM_CONF is the local cluster's default.
+        of_cluster = next(
+            (v for v in variables if v.startswith(b"SLURM_CONF=")), b"SLURM_CONF=/etc/slurm/slurm.conf"
+        )
+        if of_cluster != conf:
             continue
         stepd_of_job = f"slurmstepd: [{job_id}.".encode() in cmdline
         if stepd_of_job and not stepd:

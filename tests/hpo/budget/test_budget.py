@@ -14,21 +14,26 @@ from tests.hpo.helpers import (
     load_trials,
     run_hpo,
     sacct_cpu_hours,
-    study_document,
+    stand_in_study,
     write_study,
 )
 
 pytestmark = pytest.mark.slow
 
 BUDGET_CPU_H = 0.02
-"""About ten of these trials' jobs (7 to 10 s each on one CPU, python's start included)."""
+"""About ten of these trials' jobs (7 to 10 s each on one CPU, python's start included).
+
+The trials are the torch-free stand-in of helpers.py: a job that sleeps is charged by Slurm as one
+that computes, so the budget's arithmetic is the same as the trainer's at a fifth of the CPU."""
 
 
 def test_a_cpu_hour_budget_ends_the_study_within_one_trial_of_it(tmp_path: Path, fresh_database: str) -> None:
     name = f"budget-{uuid.uuid4().hex[:6]}"
-    document = study_document(
+    document = stand_in_study(
+        tmp_path,
         name,
-        tmp_path / "work",
+        epochs=3,
+        epoch_s=2.0,
         study={"n_trials": 40, "enqueue": [], "pruner": {"name": "none"}, "budget": BUDGET_CPU_H},
         resources={"executor": "slurm", "time": "10m"},
     )
@@ -66,12 +71,14 @@ def test_a_cpu_hour_budget_ends_the_study_within_one_trial_of_it(tmp_path: Path,
     assert sorted(sacct_cpu_hours(name)) == sorted(job_ids)
 
 
-def test_workers_stop_taking_trials_at_the_budget(tmp_path: Path, fashion_mnist_root: str) -> None:
+def test_workers_stop_taking_trials_at_the_budget(tmp_path: Path) -> None:
     """--workers: each worker asks the budget before it takes a trial; the launcher submits no
     further workers once it is reached."""
-    document = study_document(
+    document = stand_in_study(
+        tmp_path,
         "budget-workers",
-        tmp_path / "work",
+        epochs=3,
+        epoch_s=2.5,
         study={"n_trials": 40, "enqueue": [], "pruner": {"name": "none"}, "budget": 0.004},
     )
     study_file = write_study(tmp_path / "study.yaml", document)

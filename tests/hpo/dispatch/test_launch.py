@@ -25,6 +25,7 @@ from tests.hpo.helpers import (
     max_overlap,
     run_hpo,
     sacct_states,
+    stand_in_study,
     start_hpo,
     study_document,
     wait_for_trials,
@@ -191,18 +192,20 @@ def _wait_for_sacct(job_id: str, timeout: float = 60) -> str:
 
 
 def test_workers_on_a_fresh_postgresql_database_start_at_once_without_errors(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+    tmp_path: Path, empty_database: str
 ) -> None:
-    document = study_document(
+    # Eight workers of the torch-free stand-in (helpers.py): the database's first moments are the subject.
+    document = stand_in_study(
+        tmp_path,
         "workers-study",
-        tmp_path / "work",
+        epochs=1,
+        epoch_s=0.5,
         study={"n_trials": 16, "max_concurrent": 8, "enqueue": [], "pruner": {"name": "none"}},
     )
-    document["trainer"].update(epochs=1, max_steps_per_epoch=8, val_fraction=0.02)
     study_file = write_study(tmp_path / "study.yaml", document)
-    proc = run_hpo("launch", str(study_file), "--workers", "8", "--storage", fresh_database)
+    proc = run_hpo("launch", str(study_file), "--workers", "8", "--storage", empty_database)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    trials = load_trials(document, fresh_database)
+    trials = load_trials(document, empty_database)
     counted = [t for t in trials if not t.user_attrs.get("surplus")]
     assert len(counted) == 16
     assert all(t.state.name == "COMPLETE" for t in counted), [(t.number, t.user_attrs) for t in counted]
@@ -274,23 +277,24 @@ def test_a_password_in_the_study_file_reaches_no_file_log_argv_or_report(
     assert status.returncode == 0 and password not in status.stdout + status.stderr
 
 
-def test_cancel_stops_a_running_study_and_leaves_nothing_running(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
-) -> None:
+def test_cancel_stops_a_running_study_and_leaves_nothing_running(tmp_path: Path, fresh_database: str) -> None:
     name = f"cancel-{uuid.uuid4().hex[:8]}"
-    document = study_document(
-        name, tmp_path / "work", study={"n_trials": 8, "enqueue": [], "pruner": {"name": "none"}}
+    # Far longer than the test waits (the torch-free stand-in, 500 epochs of 5 s): no trial may end
+    # on its own before the cancel, even when the second trial's job starts late on a busy machine.
+    document = stand_in_study(
+        tmp_path,
+        name,
+        epochs=500,
+        epoch_s=5.0,
+        study={"n_trials": 8, "enqueue": [], "pruner": {"name": "none"}},
     )
-    # Far longer than the test waits: no trial may end on its own before the cancel, even when
-    # the second trial's job starts late on a busy machine.
-    document["trainer"].update(epochs=500, max_steps_per_epoch=40)
     study_file = write_study(tmp_path / "study.yaml", document)
     # A study whose trial jobs once had the name of this study's Ray job (hpo-NAME-ray): the
     # cancel of this study must leave its job running.
     neighbour = copy.deepcopy(document)
     neighbour["study"].update(
         name=f"{name}-ray", workdir=str(tmp_path / "neighbour"), n_trials=1, max_concurrent=1
-    )
+    )  # its study file beside this one's: the same stand_in.py
     neighbour_file = write_study(tmp_path / "neighbour.yaml", neighbour)
     neighbour_launcher = launch_in_background(neighbour_file, fresh_database, "--executor", "slurm")
     launcher = launch_in_background(study_file, fresh_database, "--executor", "slurm")

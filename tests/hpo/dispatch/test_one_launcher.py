@@ -29,6 +29,7 @@ from tests.hpo.helpers import (
     run_hpo,
     score_study,
     sleeping_objective,
+    stand_in_study,
     stored_steps,
     study_document,
     wait_for_trials,
@@ -38,11 +39,16 @@ from tests.hpo.helpers import (
 pytestmark = pytest.mark.slow
 
 
-def slurm_study(tmp_path: Path, n_trials: int, max_concurrent: int, **trainer: Any) -> dict[str, Any]:
+def slurm_study(
+    tmp_path: Path, n_trials: int, max_concurrent: int, epochs: int, epoch_s: float
+) -> dict[str, Any]:
+    """Trials of the torch-free stand-in (helpers.py) as Slurm jobs: the launcher is the subject."""
     name = f"misuse-{uuid.uuid4().hex[:6]}"  # its jobs are found in squeue and sacct by name
-    document = study_document(
+    return stand_in_study(
+        tmp_path,
         name,
-        tmp_path / "work",
+        epochs=epochs,
+        epoch_s=epoch_s,
         study={
             "n_trials": n_trials,
             "max_concurrent": max_concurrent,
@@ -51,8 +57,6 @@ def slurm_study(tmp_path: Path, n_trials: int, max_concurrent: int, **trainer: A
         },
         resources={"executor": "slurm"},
     )
-    document["trainer"].update(trainer)
-    return document
 
 
 def queued(document: dict[str, Any]) -> list[str]:
@@ -108,10 +112,8 @@ class QueueWatch(threading.Thread):
             time.sleep(0.3)
 
 
-def test_two_launchers_started_together_run_the_budget_once(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
-) -> None:
-    document = slurm_study(tmp_path, n_trials=3, max_concurrent=2, epochs=2, max_steps_per_epoch=60)
+def test_two_launchers_started_together_run_the_budget_once(tmp_path: Path, fresh_database: str) -> None:
+    document = slurm_study(tmp_path, n_trials=3, max_concurrent=2, epochs=2, epoch_s=2.0)
     study_file = write_study(tmp_path / "study.yaml", document)
     watch = QueueWatch(document)
     watch.start()
@@ -171,21 +173,33 @@ def test_a_second_launcher_is_refused_while_the_first_holds_the_study(
 
 
 def slow_sbatch(tmp_path: Path, delay_s: float) -> dict[str, str]:
-    """A PATH whose sbatch waits ``delay_s`` before submitting, as on a busy cluster."""
+    """A PATH whose sbatch waits ``delay_s`` before submitting, as on a busy cluster. Each call
+    writes a line to ``slow-bin/calls`` as it starts and another once sbatch has returned."""
     real = shutil.which("sbatch")
     assert real
     folder = tmp_path / "slow-bin"
     folder.mkdir()
-    (folder / "sbatch").write_text(f'#!/bin/sh\nsleep {delay_s}\nexec {real} "$@"\n')
+    (folder / "sbatch").write_text(
+        f"#!/bin/sh\necho started >> {folder}/calls\nsleep {delay_s}\n"
+        f'{real} "$@"\nstatus=$?\necho ended >> {folder}/calls\nexit $status\n'
+    )
     (folder / "sbatch").chmod(0o755)
     return {"PATH": f"{folder}:{os.environ['PATH']}"}
 
 
-def test_cancel_during_a_slow_submission_is_final(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
-) -> None:
+def wait_for_every_sbatch_to_return(tmp_path: Path, timeout: float = 120) -> None:
+    """Until every call of slow_sbatch's sbatch has returned: one orphaned by the launcher could
+    still submit a job."""
+    calls = tmp_path / "slow-bin" / "calls"
+    deadline = time.monotonic() + timeout
+    while (lines := calls.read_text().split()).count("started") != lines.count("ended"):
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.2)
+
+
+def test_cancel_during_a_slow_submission_is_final(tmp_path: Path, fresh_database: str) -> None:
     # Trials far longer than the cancel takes (they are cancelled, so the test does not wait them out).
-    document = slurm_study(tmp_path, n_trials=6, max_concurrent=4, epochs=3, max_steps_per_epoch=400)
+    document = slurm_study(tmp_path, n_trials=6, max_concurrent=4, epochs=3, epoch_s=60.0)
     study_file = write_study(tmp_path / "study.yaml", document)
     running = launcher(study_file, fresh_database, slow_sbatch(tmp_path, 4))
     # Right after the first submission is stored: the launcher is inside the second, slow sbatch.
@@ -199,7 +213,7 @@ def test_cancel_during_a_slow_submission_is_final(
     assert cancel.returncode == 0, cancel.stderr
     assert queued(document) == [], cancel.stdout
     output = running.communicate(timeout=300)[0]
-    time.sleep(10)  # anything submitted late would show now
+    wait_for_every_sbatch_to_return(tmp_path)  # anything submitted late would show now
     assert queued(document) == []
 
     trials = load_trials(document, fresh_database)
@@ -227,9 +241,9 @@ def test_cancel_during_a_slow_submission_is_final(
 
 
 def test_a_trial_asked_but_never_submitted_is_closed_and_not_counted(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+    tmp_path: Path, fresh_database: str
 ) -> None:
-    document = slurm_study(tmp_path, n_trials=1, max_concurrent=1, epochs=1, max_steps_per_epoch=20)
+    document = slurm_study(tmp_path, n_trials=1, max_concurrent=1, epochs=1, epoch_s=1.0)
     # A submission the real sbatch refuses (the cluster enforces associations: no such account):
     # the launcher exits, its trial closed with the reason.
     document["resources"]["account"] = "nosuchaccount"
@@ -272,7 +286,10 @@ def test_a_launcher_frozen_past_its_lease_stops_before_it_submits_again(
     server can no longer reach: the server ends its lock session (here pg_terminate_backend does
     what its unanswered TCP keepalives do after ~30 s), a second launcher takes the study and
     re-attaches its trials; the first, thawed, must submit nothing more."""
-    (tmp_path / "my_objective.py").write_text(sleeping_objective(6, 1.5))
+    # The first two trials hold after their step 2 until the second launcher has re-attached them:
+    # on a busy machine they would otherwise end before it starts, leaving nothing to re-attach.
+    (tmp_path / "my_objective.py").write_text(sleeping_objective(6, 1.5, hold_after=2))
+    (tmp_path / "hold").touch()
     document = score_study(
         tmp_path, f"fenced-{uuid.uuid4().hex[:6]}", {"steps": 6, "function": "my_objective:objective"},
         n_trials=6, max_concurrent=2, budget=1.0,
@@ -293,6 +310,13 @@ def test_a_launcher_frozen_past_its_lease_stops_before_it_submits_again(
         )  # fmt: skip
         assert ended.stdout.strip() == "1", ended.stdout  # its lock session, and only that
         second = launch_in_background(study_file, fresh_database)
+        assert second.stdout is not None
+        seen = []
+        for line in second.stdout:  # until it has re-attached the held trials
+            seen.append(line)
+            if "re-attached" in line:
+                break
+        (tmp_path / "hold").unlink()
         wait_for_trials(  # the second holds the study and has submitted a trial of its own
             document,
             fresh_database,
@@ -301,8 +325,9 @@ def test_a_launcher_frozen_past_its_lease_stops_before_it_submits_again(
         )
     finally:
         first.send_signal(signal.SIGCONT)
+        (tmp_path / "hold").unlink(missing_ok=True)
     first_output = first.communicate(timeout=300)[0]
-    second_output = second.communicate(timeout=600)[0]
+    second_output = "".join(seen) + second.communicate(timeout=600)[0]
 
     assert first.returncode == 1, first_output
     assert "was taken over by" in first_output and "stops before it submits again" in first_output

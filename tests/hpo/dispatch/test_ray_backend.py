@@ -19,6 +19,7 @@ from tests.hpo.helpers import (
     load_trials,
     run_hpo,
     score_study,
+    stand_in_study,
     study_document,
     wait_for_trials,
     write_study,
@@ -62,20 +63,23 @@ def test_local_ray_backend_runs_a_study_with_asha_into_the_optuna_storage(
     assert len(load_trials(document)) == 6
 
 
-def _slurm_ray_document(name: str, workdir: Path) -> dict[str, Any]:
-    return study_document(
-        name,
-        workdir,
-        study={"backend": "ray", "n_trials": 6, "enqueue": [GOOD, {**GOOD, "lr": 0.2}, BAD]},
-        resources={"executor": "slurm", "nodes": 2, "cpus_per_task": 1},
-    )
+def _slurm_ray_document(name: str, folder: Path, workdir: Path, trainer: bool = True) -> dict[str, Any]:
+    """A Ray study in a Slurm allocation of both nodes: the real trainer's trials, or the torch-free
+    stand-in's (helpers.py, 3 epochs of ``1.5 s``) where the Ray job's handling is the subject.
+    These tests run on the fault cluster (nodes f1 and f2): a job that takes every node of the
+    local cluster would keep every other test's jobs waiting."""
+    study = {"backend": "ray", "n_trials": 6, "enqueue": [GOOD, {**GOOD, "lr": 0.2}, BAD]}
+    resources = {"executor": "slurm", "nodes": 2, "cpus_per_task": 1}
+    if trainer:
+        return study_document(name, workdir, study=study, resources=resources)
+    return stand_in_study(folder, name, epoch_s=1.5, workdir=workdir, study=study, resources=resources)
 
 
 def test_ray_cluster_inside_one_slurm_job_spanning_both_nodes(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+    tmp_path: Path, fault_cluster: str, fresh_database: str, fashion_mnist_root: str
 ) -> None:
     name = f"ray-slurm-{uuid.uuid4().hex[:6]}"
-    document = _slurm_ray_document(name, tmp_path / "work")
+    document = _slurm_ray_document(name, tmp_path, tmp_path / "work")
     study_file = write_study(tmp_path / "study.yaml", document)
     launcher = launch_in_background(study_file, fresh_database)
     # While it runs: `hpo tunnel` names the head and the dashboard port, and the dashboard answers.
@@ -86,7 +90,7 @@ def test_ray_cluster_inside_one_slurm_job_spanning_both_nodes(
             break
         assert time.monotonic() < deadline and launcher.poll() is None, tunnel.stderr
         time.sleep(1)
-    match = re.search(r"ssh -N -L 8265:127\.0\.0\.1:(\d+) -J \S+ (n1|n2)", tunnel.stdout)
+    match = re.search(r"ssh -N -L 8265:127\.0\.0\.1:(\d+) -J \S+ (f1|f2)", tunnel.stdout)
     assert match, tunnel.stdout
     with urllib.request.urlopen(f"http://127.0.0.1:{match.group(1)}/", timeout=30) as response:
         assert response.status == 200
@@ -99,7 +103,7 @@ def test_ray_cluster_inside_one_slurm_job_spanning_both_nodes(
     assert "PRUNED" in states and "COMPLETE" in states, states
     # Both nodes joined the one Ray cluster. (Trials start on the head while the worker joins: on a
     # loaded machine a study of short trials can end before the worker's Ray is up to take one.)
-    assert {t.user_attrs["nodes"] for t in trials} <= {"n1", "n2"}
+    assert {t.user_attrs["nodes"] for t in trials} <= {"f1", "f2"}
     [job_id] = {t.user_attrs["job_id"] for t in trials}  # all in the one Ray job
     head_log = (tmp_path / "work" / "jobs" / job_id / f"{job_id}_0_log.out").read_text()
     assert "ray cluster: 2 of 2 nodes up" in head_log, head_log[-3000:]
@@ -113,10 +117,13 @@ def test_ray_cluster_inside_one_slurm_job_spanning_both_nodes(
 
 
 def test_two_ray_studies_on_the_same_nodes_at_once_do_not_clash(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+    tmp_path: Path, fault_cluster: str, fresh_database: str
 ) -> None:
     documents = [
-        _slurm_ray_document(f"ray-pair-{i}-{uuid.uuid4().hex[:6]}", tmp_path / f"work{i}") for i in (0, 1)
+        _slurm_ray_document(
+            f"ray-pair-{i}-{uuid.uuid4().hex[:6]}", tmp_path, tmp_path / f"work{i}", trainer=False
+        )
+        for i in (0, 1)
     ]
     for document in documents:  # short trials: the point is two clusters side by side
         document["study"].update(n_trials=2, enqueue=[GOOD])
@@ -131,13 +138,13 @@ def test_two_ray_studies_on_the_same_nodes_at_once_do_not_clash(
 
 
 def test_relaunch_after_the_ray_job_is_cancelled_resumes_without_counting_a_trial_twice(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+    tmp_path: Path, fault_cluster: str, fresh_database: str
 ) -> None:
     name = f"ray-resume-{uuid.uuid4().hex[:6]}"
-    document = _slurm_ray_document(name, tmp_path / "work")
-    # Long enough to be caught mid-trial, and no pruning: trials that end at their first epoch
-    # let Tune ask all 6 before `hpo cancel` (a few seconds to start) lands on a busy machine.
-    document["trainer"]["max_steps_per_epoch"] = 60
+    document = _slurm_ray_document(name, tmp_path, tmp_path / "work", trainer=False)
+    # Long enough to be caught mid-trial (3 epochs of 3 s), and no pruning: trials that end at their
+    # first epoch let Tune ask all 6 before `hpo cancel` (a few seconds to start) lands on a busy machine.
+    document["objective"]["fixed"]["epoch_s"] = 3.0
     document["study"]["pruner"] = {"name": "none"}
     study_file = write_study(tmp_path / "study.yaml", document)
     launcher = launch_in_background(study_file, fresh_database)
@@ -321,14 +328,14 @@ def test_a_python_function_objective_runs_on_the_local_ray_backend(tmp_path: Pat
         assert trial.value == pytest.approx(trial.params["x"] * 4)
 
 
-def test_the_ray_backend_starts_no_trial_past_the_compute_budget(
-    tmp_path: Path, fashion_mnist_root: str
-) -> None:
+def test_the_ray_backend_starts_no_trial_past_the_compute_budget(tmp_path: Path) -> None:
     """A local Ray instance: trials charged their own elapsed time x one CPU (an estimate; in a
-    Slurm allocation, the allocation's hours from sacct)."""
-    document = study_document(
+    Slurm allocation, the allocation's hours from sacct). The trials are the torch-free stand-in
+    (helpers.py, 3 epochs of 2 s): an idle second costs the budget what a busy one does."""
+    document = stand_in_study(
+        tmp_path,
         "ray-budget",
-        tmp_path / "work",
+        epoch_s=2.0,
         study={"backend": "ray", "n_trials": 30, "enqueue": [], "pruner": {"name": "none"}, "budget": 0.004},
     )
     study_file = write_study(tmp_path / "study.yaml", document)

@@ -11,16 +11,17 @@ import optuna
 import pytest
 from optuna.storages.journal import JournalFileBackend
 
-from tests.hpo.helpers import load_trials, run_hpo, study_document, write_study
+from tests.hpo.helpers import load_trials, run_hpo, stand_in_study, study_document, write_study
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """An earlier study of 4 trials (two good, two bad configurations), run to its end."""
+    """An earlier study of 4 trials (two good, two bad configurations), run to its end. Its trials
+    and the followers' are the torch-free stand-in of helpers.py: the warm start is the subject."""
     tmp = tmp_path_factory.mktemp("source")
-    document = study_document("source", tmp / "work", study={"n_trials": 4, "pruner": {"name": "none"}})
+    document = stand_in_study(tmp, "source", study={"n_trials": 4, "pruner": {"name": "none"}})
     study_file = write_study(tmp / "source.yaml", document)
     proc = run_hpo("launch", str(study_file))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -33,8 +34,11 @@ def journal(document: dict[str, Any]) -> str:
 
 
 def follower(tmp_path: Path, name: str, **study: Any) -> tuple[dict[str, Any], Path]:
-    document = study_document(
-        name, tmp_path / name, study={"n_trials": 1, "enqueue": [], "pruner": {"name": "none"}, **study}
+    document = stand_in_study(
+        tmp_path,
+        name,
+        workdir=tmp_path / name,
+        study={"n_trials": 1, "enqueue": [], "pruner": {"name": "none"}, **study},
     )
     return document, write_study(tmp_path / f"{name}.yaml", document)
 
@@ -83,7 +87,8 @@ def test_enqueue_best_of_runs_the_other_studys_best_first(tmp_path: Path, source
 
 def test_an_lr_is_rescaled_to_this_studys_global_batch(tmp_path: Path, source: dict[str, Any]) -> None:
     # The source searched batch_size; here it is fixed at 128 and not searched: an imported lr is
-    # rescaled by 128 / the batch size it trained with (the linear rule).
+    # rescaled by 128 / the batch size it trained with (the linear rule). The trainer's batch_size
+    # is what fixes it, so this study runs the real trainer.
     space = copy.deepcopy(source["search_space"])
     del space["batch_size"]
     document = study_document("rescaled", tmp_path / "rescaled", study={

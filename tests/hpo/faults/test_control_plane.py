@@ -1,9 +1,9 @@
 """Slurm's own daemons going away under a running study, on the local cluster with PostgreSQL:
-slurmctld stopped for a minute (a controller restart: every sbatch and squeue fails), slurmdbd
+slurmctld stopped for 20 s (a controller restart: every sbatch and squeue fails), slurmdbd
 stopped for longer than the launcher's patience with jobs sacct does not know.
 
-Each test holds the cluster alone (``injects_fault``): a test beside would see the same outage. The
-trials are a small Python function (no torch: a job starts in a second), long enough to be running
+Each test runs on the fault cluster (``fault_cluster``: a Slurm of its own, nodes f1 and f2), so the
+tests beside it on the local cluster see nothing of the outage. The trials are a small Python function (no torch: a job starts in a second), long enough to be running
 while the daemon is away. Nothing may be lost or run twice: one Slurm job per trial in sacct, each
 trial's curve stored once, the launcher's exit 0.
 """
@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.hpo.conftest import FAULTS_RUN
 from tests.hpo.helpers import (
     check_budget_counted_from_sacct,
     check_budget_met_once,
@@ -34,7 +35,7 @@ from tests.hpo.helpers import (
     write_study,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.injects_fault]
+pytestmark = pytest.mark.slow
 
 
 def _study(
@@ -57,7 +58,7 @@ def _study(
 def _daemon_stopped(name: str, answers: list[str]) -> Iterator[None]:
     """Stop a Slurm daemon (SIGTERM, as a restart does) and start it again however the test ends;
     back once ``answers`` (a command) succeeds."""
-    pid = int(Path(f"/run/slurm/{name}.pid").read_text())
+    pid = int((FAULTS_RUN / f"{name}.pid").read_text())
     subprocess.run(["kill", "-TERM", str(pid)], check=True)
     deadline = time.monotonic() + 60
     while Path(f"/proc/{pid}").exists():
@@ -84,8 +85,8 @@ def _check_nothing_lost_or_doubled(document: dict[str, Any], storage: str, n_tri
     check_budget_met_once(document, storage, n_trials)  # one sacct job per trial, the budget exactly
 
 
-def test_slurmctld_away_for_a_minute_keeps_the_launcher_and_loses_no_trial(
-    tmp_path: Path, fresh_database: str
+def test_slurmctld_away_keeps_the_launcher_and_loses_no_trial(
+    tmp_path: Path, fault_cluster: str, fresh_database: str
 ) -> None:
     steps = 6
     document, study_file = _study(tmp_path, "ctld-away", n_trials=6, steps=steps, step_s=1.5)
@@ -99,7 +100,9 @@ def test_slurmctld_away_for_a_minute_keeps_the_launcher_and_loses_no_trial(
     )
     with _daemon_stopped("slurmctld", ["scontrol", "ping"]):
         away = time.monotonic()
-        time.sleep(60)  # the running trials end meanwhile: the next sbatch meets the outage
+        # Away 20 s, fixed: the fault itself. The running trials (9 s) end meanwhile, so the launcher's
+        # next sbatch meets the outage and backs off (5 s, then 10 s) at least twice.
+        time.sleep(20)
     back = time.monotonic()
     output = launcher.communicate(timeout=600)[0]
     recovery_s = time.monotonic() - back
@@ -118,7 +121,7 @@ def test_slurmctld_away_for_a_minute_keeps_the_launcher_and_loses_no_trial(
 
 
 def test_slurmdbd_away_longer_than_the_launchers_patience_fails_no_running_trial(
-    tmp_path: Path, fresh_database: str
+    tmp_path: Path, fault_cluster: str, fresh_database: str
 ) -> None:
     """sacct cannot answer, so it knows none of the jobs submitted meanwhile (UNKNOWN). The
     launcher used to take such a job as ended after 300 s and fail its running trial; squeue
@@ -164,14 +167,14 @@ def _set_node(node: str, state: str) -> None:
 
 
 def test_a_node_drained_and_a_node_set_down_mid_trial_lose_no_trial(
-    tmp_path: Path, fresh_database: str
+    tmp_path: Path, fault_cluster: str, fresh_database: str
 ) -> None:
     """An administrator drains one node (its job runs to its end, nothing new starts there) and
     sets the other DOWN (its job is killed, and Slurm requeues it: trial jobs are requeueable)
-    while each runs a trial; the down node comes back 15 s later, as after a repair."""
+    while each runs a trial; the down node comes back 6 s later, as after a repair."""
     steps = 8
     document, study_file = _study(tmp_path, "drain-down", n_trials=4, steps=steps, step_s=1.5)
-    document["resources"]["cpus_per_task"] = 2  # a whole node each: one trial on n1, one on n2
+    document["resources"]["cpus_per_task"] = 2  # a whole node each: one trial on f1, one on f2
     document["study"]["budget"] = 2.0  # two whole nodes, each trial charged its limit until one ends
     write_study(study_file, document)
     launcher = launch_in_background(study_file, fresh_database)
@@ -185,17 +188,19 @@ def test_a_node_drained_and_a_node_set_down_mid_trial_lose_no_trial(
     jobs = {
         _node_of(t.user_attrs["job_id"]): t.user_attrs["job_id"] for t in trials if t.state.name == "RUNNING"
     }
-    assert sorted(jobs) == ["n1", "n2"], jobs  # one trial on each node
+    assert sorted(jobs) == ["f1", "f2"], jobs  # one trial on each node
     hit = time.monotonic()
     try:
-        _set_node("n1", "DRAIN")
-        _set_node("n2", "DOWN")
-        time.sleep(15)  # the drained node's trial runs on; nothing may start on either node
-        assert _node_of(jobs["n1"]) in ("", "n1")
-        _set_node("n2", "RESUME")
+        _set_node("f1", "DRAIN")
+        _set_node("f2", "DOWN")
+        # 6 s, fixed: the drained node's trial runs on meanwhile (its 12 s run began before), and
+        # nothing new may start on either node.
+        time.sleep(6)
+        assert _node_of(jobs["f1"]) in ("", "f1")
+        _set_node("f2", "RESUME")
         output = launcher.communicate(timeout=600)[0]
     finally:
-        for node in ("n1", "n2"):
+        for node in ("f1", "f2"):
             subprocess.run(
                 ["scontrol", "update", f"NodeName={node}", "State=RESUME"], capture_output=True, timeout=60
             )
@@ -211,15 +216,15 @@ def test_a_node_drained_and_a_node_set_down_mid_trial_lose_no_trial(
             assert stored_steps(fresh_database, trial._trial_id) == list(range(1, steps + 1))
     final_sacct_states([t.user_attrs["job_id"] for t in finished], timeout=180)
     check_budget_counted_from_sacct(document, study_file, fresh_database)
-    down_trial = next(t for t in finished if t.user_attrs.get("job_id") == jobs["n2"])
+    down_trial = next(t for t in finished if t.user_attrs.get("job_id") == jobs["f2"])
     what = (
         "failed and was retried"
         if retried
         else f"was requeued by Slurm ({down_trial.user_attrs.get('restarts', 0)} restart)"
     )
     fault_line(
-        "node n1 drained and node n2 set DOWN while each ran a trial (n2 resumed 15 s later)",
-        f"n1's trial ran to its end; n2's {what}, and completed; 4 of 4 COMPLETE",
+        "node f1 drained and node f2 set DOWN while each ran a trial (f2 resumed 6 s later)",
+        f"f1's trial ran to its end; f2's {what}, and completed; 4 of 4 COMPLETE",
         0,
         recovery_s,
     )

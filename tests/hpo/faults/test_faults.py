@@ -1,6 +1,10 @@
 """Real faults injected into real studies on the local Slurm cluster and PostgreSQL: a requeued
-trial job, a trial job cancelled behind the service's back, a launcher killed, the database
-restarted, many processes starting at once on a fresh database, a trial out of memory.
+trial job, a trial job cancelled behind the service's back, a launcher killed (and a detached one
+requeued), many processes starting at once on a fresh database, a node lost.
+
+The lost node runs on the fault cluster (its own Slurm: the local cluster's tests go on beside it).
+The requeue runs the real trainer (its checkpoint resumed end to end); the other faults run the
+torch-free stand-in of helpers.py, whose subject is the same service code at a sixth of the CPU.
 
 Each test prints a ``FAULT`` line (what was injected, what the study did, trials lost, time to
 recover): the figures of the fault table in docs/faults.md come from these lines.
@@ -21,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.hpo.conftest import FAULTS_RUN
 from tests.hpo.helpers import (
     FINISHED,
     GOOD,
@@ -31,6 +36,7 @@ from tests.hpo.helpers import (
     launch_in_background,
     load_trials,
     run_hpo,
+    stand_in_study,
     stored_steps,
     study_document,
     trials_or_none,
@@ -41,16 +47,17 @@ from tests.hpo.helpers import (
 pytestmark = pytest.mark.slow
 
 
-def one_trial_study(name: str, workdir: Path, epochs: int) -> dict[str, Any]:
+def one_trial_study(folder: Path, name: str, epochs: int, trainer: bool = False) -> dict[str, Any]:
     """One trial of the known-good configuration, as a Slurm job, long enough to be hit mid-run:
-    the epochs left after the first outlast Slurm's KillWait (10 s here), during which a job that
-    is being requeued or cancelled still runs (submitit ignores the SIGTERM) and could finish."""
-    document = study_document(
-        name,
-        workdir,
-        study={"n_trials": 1, "max_concurrent": 1, "enqueue": [GOOD], "pruner": {"name": "none"}},
-        resources={"executor": "slurm"},
-    )
+    the epochs left after the first outlast Slurm's KillWait (3 s here), during which a job that
+    is being requeued or cancelled still runs (submitit ignores the SIGTERM) and could finish.
+    The real trainer if ``trainer``, else the stand-in (2 s epochs)."""
+    study = {"n_trials": 1, "max_concurrent": 1, "enqueue": [GOOD], "pruner": {"name": "none"}}
+    if not trainer:
+        return stand_in_study(
+            folder, name, epochs=epochs, epoch_s=2.0, study=study, resources={"executor": "slurm"}
+        )
+    document = study_document(name, folder / "work", study=study, resources={"executor": "slurm"})
     document["trainer"].update(epochs=epochs, max_steps_per_epoch=120)
     return document
 
@@ -59,6 +66,15 @@ def job_log(document: dict[str, Any], job_id: str) -> str:
     """Rank 0's stdout and stderr, every run of the job included."""
     folder = Path(document["study"]["workdir"]) / "jobs" / job_id
     return "".join((folder / f"{job_id}_0_log.{kind}").read_text() for kind in ("out", "err"))
+
+
+def resumed_from(trial: Any, log: str) -> int:
+    """The epoch a trial resumed after: the trainer stores it, the stand-in prints it."""
+    if "resumed_from_epoch" in trial.user_attrs:
+        return int(trial.user_attrs["resumed_from_epoch"])
+    found = re.findall(rf"trial {trial.number}: resumed from epoch (\d+)", log)
+    assert found, log[-3000:]
+    return int(found[-1])
 
 
 @dataclasses.dataclass
@@ -71,17 +87,24 @@ class Resumed:
     """Where the trial ran when the fault hit."""
     reported_before: int
     """The last epoch stored before the fault."""
+    resumed_from: int
+    """The epoch the trial resumed after."""
     recovery_s: float
     """From the fault until the trial's job ran again."""
     log: str
 
 
 def one_trial_through(
-    fault: Callable[[str, str], None], name: str, tmp_path: Path, storage: str, epochs: int = 8
+    fault: Callable[[str, str], None],
+    name: str,
+    tmp_path: Path,
+    storage: str,
+    epochs: int = 8,
+    trainer: bool = False,
 ) -> Resumed:
     """Run one trial as a Slurm job; once it has stored an epoch, ``fault(job_id, node)``; wait
     until the job runs again (its ``restarts`` attribute) and the launcher ends."""
-    document = one_trial_study(name, tmp_path / "work", epochs=epochs)
+    document = one_trial_study(tmp_path, name, epochs=epochs, trainer=trainer)
     launcher = launch_in_background(write_study(tmp_path / "study.yaml", document), storage)
     [trial] = wait_for_trials(
         document, storage, launcher, lambda trials: bool(trials and trials[0].intermediate_values)
@@ -107,8 +130,10 @@ def one_trial_through(
     [trial] = trials
     assert trial.user_attrs["job_id"] == job_id and trial.user_attrs["restarts"] == 1
     assert stored_steps(storage, trial._trial_id) == list(range(1, epochs + 1))
-    assert max(1, before - 1) <= trial.user_attrs["resumed_from_epoch"] < epochs
-    return Resumed(trial, job_id, node, before, recovery_s, job_log(document, job_id))
+    log = job_log(document, job_id)
+    resumed = resumed_from(trial, log)
+    assert max(1, before - 1) <= resumed < epochs
+    return Resumed(trial, job_id, node, before, resumed, recovery_s, log)
 
 
 def test_a_requeued_trial_job_resumes_the_same_trial_from_its_last_epoch(
@@ -117,20 +142,20 @@ def test_a_requeued_trial_job_resumes_the_same_trial_from_its_last_epoch(
     def requeue(job_id: str, node: str) -> None:
         subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
 
-    run = one_trial_through(requeue, "requeue-study", tmp_path, fresh_database)
+    run = one_trial_through(requeue, "requeue-study", tmp_path, fresh_database, trainer=True)
     assert "DUE TO JOB REQUEUE" in run.log and run.log.count("rank 0 reporting to study") == 2, run.log[
         -3000:
     ]
     fault_line(
         "`scontrol requeue` of a running trial job",
-        f"same job ran again, same trial 0 resumed after epoch {run.trial.user_attrs['resumed_from_epoch']}, COMPLETE",
+        f"same job ran again, same trial 0 resumed after epoch {run.resumed_from}, COMPLETE",
         0,
         run.recovery_s,
     )
 
 
 def test_a_trial_signalled_before_its_time_limit_checkpoints_and_requeues_itself(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+    tmp_path: Path, fresh_database: str
 ) -> None:
     """USR2 is what Slurm sends 90 s before the time limit (--signal=USR2@90), and what a
     preemption with a grace time sends: submitit calls the task's checkpoint() and requeues."""
@@ -143,16 +168,16 @@ def test_a_trial_signalled_before_its_time_limit_checkpoints_and_requeues_itself
     assert "trial 0 requeued; it resumes from its last checkpoint" in run.log, run.log[-3000:]
     fault_line(
         "USR2 to a running trial job (Slurm's signal before the time limit, or a preemption)",
-        f"submitit requeued the job; trial 0 resumed after epoch {run.trial.user_attrs['resumed_from_epoch']}, COMPLETE",
+        f"submitit requeued the job; trial 0 resumed after epoch {run.resumed_from}, COMPLETE",
         0,
         run.recovery_s,
     )
 
 
 def test_a_trial_cancelled_outside_the_service_is_retried_with_the_same_parameters(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+    tmp_path: Path, fresh_database: str
 ) -> None:
-    document = one_trial_study("scancel-study", tmp_path / "work", epochs=8)
+    document = one_trial_study(tmp_path, "scancel-study", epochs=8)
     study_file = write_study(tmp_path / "study.yaml", document)
     launcher = launch_in_background(study_file, fresh_database)
     [trial] = wait_for_trials(
@@ -183,7 +208,7 @@ def test_a_trial_cancelled_outside_the_service_is_retried_with_the_same_paramete
     assert retry.user_attrs["job_id"] != job_id
     # The retry starts from the failed trial's checkpoint and keeps its reported epochs.
     assert sorted(retry.intermediate_values) == list(range(1, 9))
-    assert retry.user_attrs["resumed_from_epoch"] >= 1
+    assert resumed_from(retry, job_log(document, retry.user_attrs["job_id"])) >= 1
     status = run_hpo("status", str(study_file), "--storage", fresh_database)
     assert re.search(r"^1 +COMPLETE .*\(retry of 0\)$", status.stdout, re.M), status.stdout
     fault_line(
@@ -196,11 +221,11 @@ def test_a_trial_cancelled_outside_the_service_is_retried_with_the_same_paramete
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL], ids=["sigint", "kill-9"])
 def test_relaunch_after_the_launcher_stops_finishes_the_budget_exactly(
-    stop: signal.Signals, tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+    stop: signal.Signals, tmp_path: Path, fresh_database: str
 ) -> None:
     name = f"resume-{uuid.uuid4().hex[:8]}"  # sacct below is queried by job name
-    document = study_document(name, tmp_path / "work", study={"n_trials": 6})
-    document["trainer"]["max_steps_per_epoch"] = 120  # trials long enough to outlive the relaunch
+    # Trials of 18 s: long enough to outlive the stop and the relaunch on a busy machine.
+    document = stand_in_study(tmp_path, name, epochs=3, epoch_s=6.0, study={"n_trials": 6})
     study_file = write_study(tmp_path / "study.yaml", document)
     launcher = launch_in_background(study_file, fresh_database, "--executor", "slurm")
     # Stop it once a trial has finished and another has just been submitted.
@@ -264,12 +289,12 @@ print("ok", trial.number)
 
 
 def test_sixteen_processes_starting_at_once_on_a_fresh_database_never_fail(
-    tmp_path: Path, fresh_database: str
+    tmp_path: Path, empty_database: str
 ) -> None:
     document = study_document("crowd-study", tmp_path / "work", study={"enqueue": []})
     study_file = write_study(tmp_path / "study.yaml", document)
     start_at = str(time.time() + 8)  # all imports done: they create the schema at the same instant
-    command = [sys.executable, "-c", _START_AT_ONCE, str(study_file), fresh_database, start_at]
+    command = [sys.executable, "-c", _START_AT_ONCE, str(study_file), empty_database, start_at]
     procs = [
         subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(16)
@@ -278,18 +303,17 @@ def test_sixteen_processes_starting_at_once_on_a_fresh_database_never_fail(
     failures = [err for (out, err), code in results if code != 0]
     assert not failures, failures[0][-3000:]
     assert all(out.startswith("ok") for (out, _), _ in results)
-    trials = load_trials(document, fresh_database)
+    trials = load_trials(document, empty_database)
     assert sorted(t.number for t in trials) == list(range(16))
     assert all(t.state.name == "COMPLETE" for t in trials)
     fault_line("16 processes creating the schema and the study at once", "16 of 16 told their trial", 0, None)
 
 
 def test_a_detached_launcher_requeued_mid_study_finishes_the_budget_exactly(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+    tmp_path: Path, fresh_database: str
 ) -> None:
     name = f"detach-{uuid.uuid4().hex[:8]}"
-    document = study_document(name, tmp_path / "work", study={"n_trials": 4})
-    document["trainer"]["max_steps_per_epoch"] = 40
+    document = stand_in_study(tmp_path, name, epochs=3, epoch_s=2.0, study={"n_trials": 4})
     study_file = write_study(tmp_path / "study.yaml", document)
     proc = run_hpo("launch", str(study_file), "--executor", "slurm", "--storage", fresh_database, "--detach")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -347,8 +371,9 @@ def _node_state(node: str) -> str:
 
 
 def power_off(node: str, job_id: str) -> None:
-    """What a node failure does to an emulated node: its slurmd and the job's processes on it die."""
-    pid = int(Path(f"/run/slurm/slurmd-{node}.pid").read_text())
+    """What a node failure does to an emulated node of the fault cluster: its slurmd and the job's
+    processes on it die."""
+    pid = int((FAULTS_RUN / f"slurmd-{node}.pid").read_text())
     subprocess.run(["kill", "-9", str(pid)], check=True)
     kill_job_processes(job_id)
 
@@ -364,16 +389,20 @@ def power_on(node: str) -> None:
         time.sleep(2)
 
 
-@pytest.mark.injects_fault  # n1 or n2 goes down: a test beside would see its jobs fail NODE_FAIL
 def test_a_trial_on_a_lost_node_resumes_on_the_other_node(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+    tmp_path: Path, fault_cluster: str, fresh_database: str
 ) -> None:
-    """Slurm declares the node DOWN after SlurmdTimeout and ends the job NODE_FAIL. Then either
+    """On the fault cluster (its nodes f1 and f2: the local cluster's tests go on beside it), Slurm
+    declares the node DOWN after SlurmdTimeout and ends the job NODE_FAIL. Then either
     Slurm requeues it (trial jobs are requeueable) and the same trial resumes on the node left,
     or, if no requeued run appears within the launcher's grace, the launcher fails the trial and
     its retry runs there; Slurm does one or the other from run to run. Nothing is lost either way."""
-    document = one_trial_study("node-loss-study", tmp_path / "work", epochs=8)
-    launcher = launch_in_background(write_study(tmp_path / "study.yaml", document), fresh_database)
+    document = one_trial_study(tmp_path, "node-loss-study", epochs=8)
+    # The launcher's grace for Slurm's requeue, 90 s by default, is 30 s here: Slurm requeues within
+    # cred_expire (10 s here) or not at all.
+    launcher = launch_in_background(
+        write_study(tmp_path / "study.yaml", document), fresh_database, HPO_REQUEUE_GRACE_S="30"
+    )
     [trial] = wait_for_trials(
         document, fresh_database, launcher, lambda trials: bool(trials and trials[0].intermediate_values)
     )
@@ -399,7 +428,8 @@ def test_a_trial_on_a_lost_node_resumes_on_the_other_node(
     trials = load_trials(document, fresh_database)
     done = trials[-1]
     assert done.state.name == "COMPLETE" and done.user_attrs["nodes"] != node, output
-    assert 1 <= done.user_attrs["resumed_from_epoch"] < 8
+    resumed = resumed_from(done, job_log(document, done.user_attrs["job_id"]))
+    assert 1 <= resumed < 8
     assert stored_steps(fresh_database, done._trial_id) == list(range(1, 9))
     if len(trials) == 1:  # requeued by Slurm: the same trial in the same job
         assert done.user_attrs["job_id"] == job_id and done.user_attrs["restarts"] == 1
@@ -408,10 +438,12 @@ def test_a_trial_on_a_lost_node_resumes_on_the_other_node(
         [failed, _] = trials
         assert failed.state.name == "FAIL" and "NODE_FAIL" in failed.user_attrs["fail_reason"]
         assert done.user_attrs["retry_of"] == 0 and done.params == failed.params
-        what = "the launcher failed trial 0 (NODE_FAIL, no requeue within 90 s); its retry resumed"
+        what = (
+            "the launcher failed trial 0 (NODE_FAIL, no requeue within its grace of 30 s); its retry resumed"
+        )
     fault_line(
         f"node {node} lost mid-trial (its slurmd and the job's processes killed)",
-        f"{what} on {done.user_attrs['nodes']} after epoch {done.user_attrs['resumed_from_epoch']}, COMPLETE",
+        f"{what} on {done.user_attrs['nodes']} after epoch {resumed}, COMPLETE",
         0,
         recovery_s,
     )

@@ -31,7 +31,7 @@ from tests.hpo.helpers import (
     run_hpo,
     score_study,
     sleeping_objective,
-    study_document,
+    stand_in_study,
     wait_for_trials,
     write_study,
 )
@@ -39,7 +39,13 @@ from tests.hpo.helpers import (
 pytestmark = pytest.mark.slow
 
 OUTAGE_S = 62.0
-"""Longer than a minute: past every reconnect a driver makes on its own."""
+"""Longer than a minute: past every reconnect a driver makes on its own, and past the service's
+backoff cap (30 s), so a waiting process retries at its longest interval. One outage lasts this long;
+the moments that only need the server gone while a statement is held take SHORT_OUTAGE_S."""
+
+SHORT_OUTAGE_S = 20.0
+"""Long enough that the held statement, the launcher's next call and a trial's report all fail and
+back off at least twice (5 s, then 10 s)."""
 
 
 class PrivateServer:
@@ -150,20 +156,21 @@ def server(local_cluster: str) -> Iterator[PrivateServer]:
 
 @pytest.mark.isolated  # its own PostgreSQL server and the isolated partition's node
 def test_a_database_outage_at_any_moment_of_a_study_loses_and_doubles_nothing(
-    tmp_path: Path, server: PrivateServer, fashion_mnist_root: str
+    tmp_path: Path, server: PrivateServer
 ) -> None:
     database = server.url
     name = f"outage-{uuid.uuid4().hex[:6]}"  # its jobs are found in sacct by name
-    document = study_document(
+    # Epochs long enough (4 s, the stand-in of helpers.py) that trials are seen running with one
+    # epoch reported, and run on through an outage.
+    document = stand_in_study(
+        tmp_path,
         name,
-        tmp_path / "work",
+        epochs=4,
+        epoch_s=4.0,
         study={"n_trials": 4, "enqueue": [], "pruner": {"name": "none"}},
         # n3 alone: a node of the shared partition may be lost by a fault test running beside this one.
         resources={"executor": "slurm", "partition": "isolated"},
     )
-    # Epochs long enough that trials are seen running with an epoch reported and run on through
-    # an outage.
-    document["trainer"].update(epochs=4, max_steps_per_epoch=150)
     study_file = write_study(tmp_path / "study.yaml", document)
     stalls = Stalls(database)
     stalls.add("ask", "trials", nth=1)  # the launcher's first study.ask
@@ -175,14 +182,14 @@ def test_a_database_outage_at_any_moment_of_a_study_loses_and_doubles_nothing(
     # 1. During ask: the first trial is being created when the server goes away.
     stalls.wait_until_held(launcher)
     down = time.monotonic()
-    server.restart(OUTAGE_S)
+    server.restart(SHORT_OUTAGE_S)
     wait_for_trials(document, database, launcher, lambda trials: len(trials) >= 1)
     recoveries["ask"] = time.monotonic() - down
 
     # 2. During the bookkeeping of a submission: the second job is submitted, its id not stored.
     stalls.wait_until_held(launcher)
     down = time.monotonic()
-    server.restart(OUTAGE_S)
+    server.restart(SHORT_OUTAGE_S)
     wait_for_trials(
         document, database, launcher, lambda trials: sum("job_id" in t.user_attrs for t in trials) >= 2
     )
@@ -232,7 +239,7 @@ def test_a_database_outage_at_any_moment_of_a_study_loses_and_doubles_nothing(
     kill_job_processes(victim.user_attrs["job_id"], stepd=False)  # the job ends FAILED, its node up
     stalls.wait_until_held(launcher)
     down = time.monotonic()
-    server.restart(OUTAGE_S)
+    server.restart(SHORT_OUTAGE_S)
     wait_for_trials(
         document,
         database,
@@ -272,13 +279,13 @@ def test_a_database_outage_at_any_moment_of_a_study_loses_and_doubles_nothing(
     assert set(states.values()) == {"COMPLETED"}, states
 
     fault_line(
-        f"PostgreSQL stopped {OUTAGE_S:.0f} s while the launcher asked for a trial (statement held on the server)",
+        f"PostgreSQL stopped {SHORT_OUTAGE_S:.0f} s while the launcher asked for a trial (statement held on the server)",
         "the launcher waited with backoff and created the trial once the server was back; 4 of 4 trials COMPLETE",
         0,
         recoveries["ask"],
     )
     fault_line(
-        f"PostgreSQL stopped {OUTAGE_S:.0f} s while the launcher stored a submitted job's id",
+        f"PostgreSQL stopped {SHORT_OUTAGE_S:.0f} s while the launcher stored a submitted job's id",
         "the id was stored on reconnection; one Slurm job per trial (sacct)",
         0,
         recoveries["submit"],
@@ -290,7 +297,7 @@ def test_a_database_outage_at_any_moment_of_a_study_loses_and_doubles_nothing(
         recoveries["idle"],
     )
     fault_line(
-        f"PostgreSQL stopped {OUTAGE_S:.0f} s while the launcher collected a trial whose job was killed",
+        f"PostgreSQL stopped {SHORT_OUTAGE_S:.0f} s while the launcher collected a trial whose job was killed",
         f"the trial was failed with the Slurm state ({reason.split(' without')[0]}) and retried once the server was back",
         0,
         recoveries["collect"],
@@ -332,10 +339,8 @@ def test_only_an_unreachable_database_is_waited_for(local_cluster: str) -> None:
 
 
 @pytest.mark.isolated  # its own PostgreSQL server and the isolated partition's node
-def test_a_database_out_of_connections_for_a_minute_is_waited_out(
-    tmp_path: Path, server: PrivateServer
-) -> None:
-    """Another client takes every connection the server allows (max_connections 100) for a minute:
+def test_a_database_out_of_connections_is_waited_out(tmp_path: Path, server: PrivateServer) -> None:
+    """Another client takes every connection the server allows (max_connections 100) for 20 s:
     trial processes starting meanwhile, and the launcher, wait ("too many clients") and go on."""
     import psycopg
 
@@ -360,7 +365,9 @@ def test_a_database_out_of_connections_for_a_minute_is_waited_out(
                 break
             assert len(hog) < 200
         full = time.monotonic()
-        time.sleep(60)
+        # Every connection held for 20 s, fixed: the fault itself. Longer than a trial (9 s), so trial
+        # processes start, and the launcher submits and collects, while no connection is to be had.
+        time.sleep(20)
     finally:
         for connection in hog:
             connection.close()

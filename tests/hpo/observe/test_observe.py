@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from tests.hpo.helpers import HPO, REPO, load_trials, run_hpo, study_document, write_study
+from tests.hpo.helpers import HPO, REPO, load_trials, run_hpo, stand_in_study, study_document, write_study
 
 ARTIFACTS = REPO / "test-artifacts"
 PLOTS = ("optimization_history", "learning_curves", "parallel_coordinate", "param_importances", "slice")
@@ -190,14 +190,16 @@ def test_optuna_dashboard_shows_the_study_and_its_trials_in_a_real_browser(
 
 @pytest.fixture(scope="module")
 def pareto_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """A real multi-objective study: validation accuracy up, CPU-hours down, no pruning."""
+    """A real multi-objective study: validation accuracy up, CPU-hours down, no pruning. Its trials
+    are the torch-free stand-in (helpers.py): the views of a Pareto front are the subject."""
     root = tmp_path_factory.mktemp("pareto")
-    document = study_document(
+    document = stand_in_study(
+        root,
         "pareto-study",
-        root / "work",
+        epochs=2,
+        epoch_s=0.5,
         study={"n_trials": 5, "pruner": {"name": "none"}, "also_minimize": "cpu_hours"},
     )
-    document["trainer"]["epochs"] = 2
     study_file = write_study(root / "study.yaml", document)
     launch = run_hpo("launch", str(study_file))
     assert launch.returncode == 0, launch.stdout + launch.stderr

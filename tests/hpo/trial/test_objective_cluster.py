@@ -157,8 +157,10 @@ def test_a_trial_api_script_as_a_2_task_ddp_job_stops_every_rank_together_and_re
 
 @pytest.mark.ray_ports  # one Ray test at a time
 def test_a_command_objective_runs_on_the_ray_backend_inside_one_slurm_job(
-    tmp_path: Path, fresh_database: str, fashion_mnist_root: str
+    tmp_path: Path, fault_cluster: str, fresh_database: str, fashion_mnist_root: str
 ) -> None:
+    # On the fault cluster (nodes f1 and f2): a job of every node of the local cluster would keep the
+    # other tests' jobs waiting.
     document = _example("study.yaml", tmp_path, backend="ray", n_trials=4, enqueue=[GOOD, BAD])
     document["resources"].update(executor="slurm", nodes=2)
     study_file = write_study(tmp_path / "study.yaml", document)
