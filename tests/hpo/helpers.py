@@ -322,11 +322,14 @@ def stored_steps(storage: str, trial_id: int) -> list[int]:
 
 
 def check_budget_met_once(document: dict[str, Any], storage: str, n_trials: int) -> None:
-    """The budget is met exactly (a failed trial that was retried gives its place to its retry),
-    and sacct knows exactly one Slurm job per trial: nothing was submitted twice."""
+    """The budget is met exactly (a failed trial that was retried gives its place to its retry, one
+    never submitted gives it up), and sacct knows exactly one Slurm job per trial: nothing was
+    submitted twice."""
     trials = load_trials(document, storage)
     retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
-    counted = [t for t in trials if t.number not in retried]
+    # A trial asked for and never submitted (a launcher stopped between the two) is closed FAIL,
+    # not run and not counted.
+    counted = [t for t in trials if t.number not in retried and not t.user_attrs.get("not_run")]
     assert len(counted) == n_trials, [(t.number, t.state.name, t.user_attrs) for t in trials]
     assert {t.state.name for t in counted} <= FINISHED
     assert distinct_params(trials)
