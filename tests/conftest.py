@@ -193,11 +193,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         )
 
     # The order the workers take tests in (pytest-xdist's loadgroup hands them out in it, each worker
-    # holding at most two): the tests that run one at a time first, as one group that one worker runs
-    # while the others work through the rest (it is the longest unit of the suite); then the tests of hpo in the order
-    # of their files' names, not their folders', so that slow files sit among quick ones; then a test
-    # that holds the cluster alone, while the other workers go on to the tests that need no
-    # cluster: the top-level tests and the trainer's, whose many short tests fill the end of the run.
+    # holding at most two): the tests that run one at a time first, as two groups that two workers
+    # run while the third works through the rest (they are the longest units of the suite); then the
+    # tests of hpo in the order of their files' names, not their folders', so that slow files sit
+    # among quick ones; then a test that holds the cluster alone, while the other workers go on to the
+    # tests that need no cluster: the top-level tests and the trainer's, whose many short tests fill
+    # the end of the run.
     def place(item: pytest.Item) -> tuple[int, str]:
         parts = item.path.relative_to(REPO / "tests").parts
         if one_at_a_time(item):
@@ -210,19 +211,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    # The tests that must run one at a time (Ray on this host's fixed ports, the fault cluster) run
-    # one after the other on one worker (`--dist loadgroup`), instead of workers waiting for their
-    # locks while another holds them. Marked as each is collected: pytest-xdist reads the groups in
-    # its own pytest_collection_modifyitems, which runs before this file's.
-    if one_at_a_time(item):
-        item.add_marker(pytest.mark.xdist_group("one-at-a-time"))
+    # The tests that must run one at a time run one after the other on one worker (`--dist
+    # loadgroup`), instead of workers waiting for their locks while another holds them: those that
+    # start Ray on this host's fixed ports on one, those of the fault cluster on another. (A Ray
+    # test on the fault cluster is the Ray group's, and takes the fault cluster's lock as well.)
+    # Marked as each is collected: pytest-xdist reads the groups in its own
+    # pytest_collection_modifyitems, which runs before this file's.
+    group = one_at_a_time(item)
+    if group:
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
-def one_at_a_time(item: pytest.Item) -> bool:
-    """A test that starts Ray on this host's fixed ports, or runs on the fault cluster."""
-    return item.get_closest_marker("ray_ports") is not None or "fault_cluster" in getattr(
-        item, "fixturenames", ()
-    )
+def one_at_a_time(item: pytest.Item) -> str | None:
+    """The group of a test that must run one at a time: "ray" (Ray on this host's fixed ports) or
+    "fault-cluster"; None for the others."""
+    if item.get_closest_marker("ray_ports") is not None:
+        return "ray"
+    if "fault_cluster" in getattr(item, "fixturenames", ()):
+        return "fault-cluster"
+    return None
 
 
 # Where the suite's time goes, printed at its end (the per-test list is `--durations`): the run's

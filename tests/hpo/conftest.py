@@ -8,6 +8,7 @@ share are in helpers.py.
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
 import subprocess
 import uuid
@@ -16,21 +17,32 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cluster_lock, holding_the_cluster, shared_lock
+from tests.conftest import LOCKS, cluster_lock, holding_the_cluster, shared_lock
 from tests.hpo.helpers import REPO
 
 
 @pytest.fixture(scope="session")
-def _cluster_started() -> str:
-    """Bring up (or find up) the Slurm cluster and PostgreSQL once per worker; the database URL."""
-    # Shared: up.sh would start again the slurmd that a fault test beside has just killed.
-    with shared_lock("cluster", fcntl.LOCK_SH), holding_the_cluster():
-        proc = subprocess.run(
-            ["bash", str(REPO / "deploy/local-cluster/up.sh")], capture_output=True, text=True, timeout=900
-        )
-    assert proc.returncode == 0, f"deploy/local-cluster/up.sh failed:\n{proc.stderr[-3000:]}"
+def _cluster_started(request: pytest.FixtureRequest) -> str:
+    """Bring up (or find up) the Slurm clusters and PostgreSQL once per run; the database URL.
+
+    One worker runs up.sh, the first to need the cluster, before any test of the cluster has started;
+    the others take its answer. up.sh run later, beside a test, would start again a daemon that
+    the test has stopped (slurmctld, a node's slurmd)."""
+    run = getattr(request.config, "workerinput", {}).get("testrunuid", str(os.getpid()))
+    answer = LOCKS / f"cluster-up-{run}"
+    with shared_lock("cluster-up", fcntl.LOCK_EX):
+        if not answer.exists():
+            with shared_lock("cluster", fcntl.LOCK_SH), holding_the_cluster():
+                proc = subprocess.run(
+                    ["bash", str(REPO / "deploy/local-cluster/up.sh")],
+                    capture_output=True,
+                    text=True,
+                    timeout=900,
+                )
+            assert proc.returncode == 0, f"deploy/local-cluster/up.sh failed:\n{proc.stderr[-3000:]}"
+            answer.write_text(proc.stdout.strip().splitlines()[-1])
     assert shutil.which("sbatch") and shutil.which("sacct")
-    return proc.stdout.strip().splitlines()[-1]
+    return answer.read_text()
 
 
 @pytest.fixture
