@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -212,11 +213,44 @@ def cancel_leftovers() -> list[str]:
     return ids
 
 
-def bench_jobs(since: str) -> list[tuple[str, str, str]]:
-    """(job id, name, partition) of this benchmark's jobs on the fault cluster since ``since``."""
-    out = slurm("sacct", "-X", "-n", "-P", "-S", since, "-E", "now", "-o", "JobID,JobName,Partition")
-    rows = [tuple(line.split("|")) for line in out.splitlines() if line.count("|") == 2]
-    return [(r[0], r[1], r[2]) for r in rows if r[1].startswith(JOB_PREFIX)]
+@dataclasses.dataclass
+class Job:
+    """One of this benchmark's jobs as the fault cluster's sacct has it."""
+
+    id: str
+    name: str
+    partition: str
+    submit: str
+    start: str
+
+    def submit_to_start(self) -> float | None:
+        """Slurm's own share of a trial's dispatch: submitted to started (whole seconds)."""
+        try:
+            return (datetime.fromisoformat(self.start) - datetime.fromisoformat(self.submit)).total_seconds()
+        except ValueError:  # Unknown, None: never started
+            return None
+
+
+def bench_jobs(since: str) -> list[Job]:
+    """This benchmark's jobs on the fault cluster since ``since``."""
+    fields = "JobID,JobName,Partition,Submit,Start"
+    out = slurm("sacct", "-X", "-n", "-P", "-S", since, "-E", "now", "-o", fields)
+    rows = [line.split("|") for line in out.splitlines() if line.count("|") == fields.count(",")]
+    return [Job(*row) for row in rows if row[1].startswith(JOB_PREFIX)]
+
+
+def submit_to_start(jobs: list[Job], modes: list[str]) -> dict[str, dict[str, float]]:
+    """Per mode, the median and the largest submitted-to-started time of its jobs."""
+    summary = {}
+    for mode in modes:
+        waits = [
+            w
+            for job in jobs
+            if job.name.startswith(f"{JOB_PREFIX}{mode}-") and (w := job.submit_to_start()) is not None
+        ]
+        if waits:
+            summary[mode] = {"median": statistics.median(waits), "max": max(waits), "jobs": len(waits)}
+    return summary
 
 
 def local_cluster_job_names(since: str) -> set[str]:
@@ -345,8 +379,9 @@ def measure_variant(
     run["disturbed"] = disturbed
     jobs = bench_jobs(since)
     run["jobs"] = len(jobs)
-    run["partitions"] = sorted({job[2] for job in jobs})
-    run["job_names"] = sorted({job[1] for job in jobs})
+    run["partitions"] = sorted({job.partition for job in jobs})
+    run["job_names"] = sorted({job.name for job in jobs})
+    run["slurm_submit_to_start_s"] = submit_to_start(jobs, modes)
     if run["partitions"] != [PARTITION]:
         run.setdefault("error", f"jobs in partitions {run['partitions']}, not only {PARTITION}")
     return run
@@ -394,6 +429,7 @@ def summarize(runs: list[dict[str, Any]], variants: list[str], modes: list[str])
             ratios: list[float] = []
             running: list[float] = []
             gaps: list[float] = []
+            waits: list[float] = []
             for run in runs:
                 if run["variant"] != name or "dispatch" not in run or run["disturbed"] or "error" in run:
                     continue
@@ -405,11 +441,14 @@ def summarize(runs: list[dict[str, Any]], variants: list[str], modes: list[str])
                     running.append(result["asked_to_running_s"]["median"])
                 if result.get("told_to_next_asked_s"):
                     gaps.append(result["told_to_next_asked_s"]["median"])
+                if mode in run.get("slurm_submit_to_start_s", {}):
+                    waits.append(run["slurm_submit_to_start_s"][mode]["median"])
             rows.append({
                 "variant": name, "mode": mode, "parameters": VARIANTS[name], "ratios": ratios,
                 "median": round(statistics.median(ratios), 3) if ratios else None,
                 "asked_to_running_median_s": round(statistics.median(running), 3) if running else None,
                 "told_to_next_asked_median_s": round(statistics.median(gaps), 3) if gaps else None,
+                "slurm_submit_to_start_median_s": round(statistics.median(waits), 3) if waits else None,
             })  # fmt: skip
     for row in rows:
         base = next(r for r in rows if r["variant"] == "default" and r["mode"] == row["mode"])
@@ -425,7 +464,7 @@ def table(rows: list[dict[str, Any]], repeats: int) -> str:
 
     header = (
         f"{'variant':<21} {'mode':<10} {'makespan/ideal per repeat':<26} {'median':>7} {'/default':>9}"
-        f" {'asked->running':>15} {'told->next asked':>17}"
+        f" {'asked->running':>15} {'told->next asked':>17} {'Slurm submit->start':>20}"
     )
     lines = [header, "-" * len(header)]
     for row in rows:
@@ -436,6 +475,7 @@ def table(rows: list[dict[str, Any]], repeats: int) -> str:
             f"{row['variant']:<21} {row['mode']:<10} {each:<26} {num(row['median'], '.3f'):>7}"
             f" {num(row['vs_default'], '.3f'):>9} {num(row['asked_to_running_median_s'], '.2f', ' s'):>15}"
             f" {num(row['told_to_next_asked_median_s'], '.2f', ' s'):>17}"
+            f" {num(row['slurm_submit_to_start_median_s'], '.1f', ' s'):>20}"
         )
     return "\n".join(lines)
 
