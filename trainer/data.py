@@ -9,6 +9,7 @@ resumed, which is what lets a resumed run continue exactly like an uninterrupted
 from __future__ import annotations
 
 import gzip
+import itertools
 import random
 import struct
 import time
@@ -254,12 +255,22 @@ class SeededTransform(Dataset[tuple[torch.Tensor, int]]):
 
 # --- samplers ------------------------------------------------------------------------------------
 class EpochSampler(Sampler[tuple[int, int]]):
-    """DistributedSampler over a fixed subset of indices, yielding (epoch, index) pairs."""
+    """DistributedSampler over a fixed subset of indices, yielding (epoch, index) pairs; at most
+    ``limit`` of them per epoch (the first of the epoch's shuffled order), so that loader workers
+    never prefetch batches past an epoch cut short by max_steps_per_epoch, which persistent workers
+    would otherwise load, and the next epoch wait for, before its own first batch."""
 
     def __init__(
-        self, indices: Sequence[int], rank: int, world_size: int, seed: int, drop_last: bool
+        self,
+        indices: Sequence[int],
+        rank: int,
+        world_size: int,
+        seed: int,
+        drop_last: bool,
+        limit: int | None = None,
     ) -> None:
         self.indices = list(indices)
+        self.limit = limit
         self.inner: DistributedSampler[int] = DistributedSampler(
             self.indices,  # type: ignore[arg-type]  # it only needs len()
             num_replicas=world_size,
@@ -275,10 +286,10 @@ class EpochSampler(Sampler[tuple[int, int]]):
         self.inner.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        return ((self.epoch, self.indices[i]) for i in self.inner)
+        return ((self.epoch, self.indices[i]) for i in itertools.islice(self.inner, self.limit))
 
     def __len__(self) -> int:
-        return len(self.inner)
+        return len(self.inner) if self.limit is None else min(len(self.inner), self.limit)
 
 
 class ShardSampler(Sampler[int]):
@@ -379,6 +390,7 @@ def build_loaders(
         world_size,
         config.seed,
         config.drop_last,
+        limit=None if config.max_steps_per_epoch is None else config.max_steps_per_epoch * config.batch_size,
     )
     val_sampler = ShardSampler(
         fixed_subset(bundle.val_size, config.val_fraction, config.seed), rank, world_size

@@ -50,21 +50,25 @@ def test_a_throttled_loader_in_the_main_process_is_input_bound_and_workers_hide_
 ) -> None:
     """A slow filesystem (load_delay_ms) read in the main process leaves the model waiting for most
     of each step; six workers prefetching in parallel hide the same latency. Sized so that one
-    process reads a batch (64 x 5 ms = 320 ms) in about three model steps on a CPU (0.1 s at width
-    8) and six workers in half of one: a machine busy with other work (the tests run two at a time)
-    slows the model more than the sleeping workers, and the starved run still waits most of its
-    steps."""
-    throttled = {"width": 8, "batch_size": 64, "max_steps_per_epoch": 30, "load_delay_ms": 5}
+    process reads a batch (64 x 3 ms = 192 ms) in about four model steps on a CPU (about 45 ms at
+    width 8, one thread) and six workers in two thirds of one: a machine busy with other work (the tests
+    run three at a time) slows the model more than the sleeping workers, and the starved run still
+    waits most of its steps."""
+    throttled = {"width": 8, "batch_size": 64, "max_steps_per_epoch": 30, "load_delay_ms": 3}
     starved = train(tiny_config(**throttled, num_workers=0))
     fed = train(tiny_config(**throttled, num_workers=6, prefetch_factor=4, persistent_workers=True))
 
-    def share(result: TrainResult) -> float:
-        shares = [m.data_wait_share for m in result.history]
-        assert all(s is not None for s in shares)
-        return sum(s for s in shares if s is not None) / len(shares)
+    def shares(result: TrainResult) -> list[float]:
+        measured = [m.data_wait_share for m in result.history]
+        assert all(s is not None for s in measured)
+        return [s for s in measured if s is not None]
 
-    assert share(starved) > 0.5, share(starved)
-    assert share(fed) < share(starved) / 2, (share(fed), share(starved))
+    starved_shares, fed_shares = shares(starved), shares(fed)
+    assert min(starved_shares) > 0.5, starved_shares
+    # The fed run's last epoch: its persistent workers are up (the first epoch also waits for six
+    # processes to start, which a loaded machine stretches).
+    assert fed_shares[-1] < min(starved_shares) / 2, (fed_shares, starved_shares)
+    print(f"\nstarved {starved_shares}, fed {fed_shares}")
 
 
 def test_a_profiled_run_leaves_a_trace_tensorboards_profiler_plugin_loads(
