@@ -1,7 +1,7 @@
 """Stop rules: a study that stops improving ends before n_trials, says why and what it saved, and
-`hpo status` shows it. On the quickstart study itself (its epochs cut to 8 steps and its validation
-to 2% of the test set, so that a trial takes seconds, most of them torch's import), trials as local
-processes."""
+`hpo status` shows it. The stop rules are the service's: the studies run the torch-free stand-in
+(tests/hpo/helpers.py) as local processes, with the quickstart's sampler, budget and concurrency;
+the quickstart study file itself is the one the bad-input cases edit."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from hpo.budget.stopping import patience_verdict
-from tests.hpo.helpers import REPO, run_hpo
+from tests.hpo.helpers import REPO, run_hpo, stand_in_study, write_study
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +30,24 @@ def quickstart(tmp_path: Path, name: str, *settings: str) -> list[str]:
     return [QUICKSTART, *(arg for s in sets for arg in ("--set", s))]
 
 
+def stand_in_launch(tmp_path: Path, name: str, **rule: object) -> list[str]:
+    """The arguments of `hpo launch` for a 10-trial study of the stand-in, 2 in flight, TPE after 4
+    random trials, with the stop rule ``rule``: its journal is where `stored` reads it."""
+    document = stand_in_study(
+        tmp_path,
+        name,
+        epoch_s=0.2,
+        workdir=tmp_path / name,
+        study={
+            "n_trials": 10,
+            "enqueue": [],
+            "sampler": {"name": "tpe", "seed": 0, "options": {"n_startup_trials": 4}},
+            "stop": rule,
+        },
+    )
+    return [str(write_study(tmp_path / f"{name}.yaml", document))]
+
+
 def stop(**rule: object) -> list[str]:
     """``--set`` values of the study's stop section."""
     return [f"study.stop.{key}={value}" for key, value in rule.items()]
@@ -42,15 +60,13 @@ def stored(tmp_path: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=optuna.storages.JournalStorage(backend))
 
 
-def test_a_patience_rule_ends_the_quickstart_early_and_status_says_why(tmp_path: Path) -> None:
+def test_a_patience_rule_ends_a_study_early_and_status_says_why(tmp_path: Path) -> None:
     # No gain counts as an improvement (0.5 of accuracy): the rule must end the study once its
     # three trials in a row are seen after the first four complete ones.
     # The Terminator beside it, with a noise no regret bound of 4 trials gets under: it records its
     # decision to go on at each look.
-    args = quickstart(
-        tmp_path,
-        "patience",
-        *stop(patience=3, min_improvement=0.5, min_trials=4, terminator="true", noise=0.0001),
+    args = stand_in_launch(
+        tmp_path, "patience", patience=3, min_improvement=0.5, min_trials=4, terminator=True, noise=0.0001
     )
     proc = run_hpo("launch", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -82,7 +98,7 @@ def test_a_patience_rule_ends_the_quickstart_early_and_status_says_why(tmp_path:
 def test_the_terminator_records_its_decision_and_ends_the_study_below_the_noise(tmp_path: Path) -> None:
     # The metric's noise given as 0.5 of accuracy: any regret bound of these trials is below it,
     # so the Terminator stops the study as soon as it may look (4 complete trials).
-    args = quickstart(tmp_path, "terminator", *stop(terminator="true", noise=0.5, min_trials=4))
+    args = stand_in_launch(tmp_path, "terminator", terminator=True, noise=0.5, min_trials=4)
     proc = run_hpo("launch", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Optuna's Terminator: regret bound" in proc.stdout, proc.stdout
