@@ -90,12 +90,12 @@ def shared_lock(name: str, mode: int) -> Iterator[None]:
 
 
 def cluster_lock(test: pytest.Item) -> contextlib.AbstractContextManager[None]:
-    """The cluster's lock as `test` must hold it: none for an `isolated` test, alone for one that
-    injects a fault or measures shares, shared otherwise. Taken by the `local_cluster` fixture."""
+    """The cluster's lock as `test` must hold it: none for an `isolated` test, shared otherwise
+    (a test that breaks a part of Slurm does it on the fault cluster, whose lock it holds alone).
+    Taken by the `local_cluster` fixture."""
     if test.get_closest_marker("isolated") is not None:
         return contextlib.nullcontext()
-    alone = any(test.get_closest_marker(m) is not None for m in ("injects_fault", "measures_shares"))
-    return shared_lock("cluster", fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    return shared_lock("cluster", fcntl.LOCK_SH)
 
 
 # The rule that keeps the lock hole closed: while the suite runs, the cluster's commands on PATH are
@@ -196,16 +196,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # holding at most two): the tests that run one at a time first, as two groups that two workers
     # run while the third works through the rest (they are the longest units of the suite); then the
     # tests of hpo in the order of their files' names, not their folders', so that slow files sit
-    # among quick ones; then a test that holds the cluster alone, while the other workers go on to the
-    # tests that need no cluster: the top-level tests and the trainer's, whose many short tests fill
-    # the end of the run.
+    # among quick ones; then the tests that need no cluster: the top-level tests and the trainer's,
+    # whose many short tests fill the end of the run.
     def place(item: pytest.Item) -> tuple[int, str]:
         parts = item.path.relative_to(REPO / "tests").parts
         if one_at_a_time(item):
             return (0, item.path.name)
-        if any(item.get_closest_marker(m) is not None for m in ("injects_fault", "measures_shares")):
-            return (2, item.path.name)
-        return (1 if parts[0] == "hpo" else 3 if len(parts) == 1 else 4, item.path.name)
+        return (1 if parts[0] == "hpo" else 2 if len(parts) == 1 else 3, item.path.name)
 
     items.sort(key=place)  # stable: a file's tests keep their order
 
