@@ -63,12 +63,11 @@ def run_trainer_cli(
     )
 
 
-# A fair reader-writer lock between the pytest workers (`pytest -n 2`, the test command). Every
-# test of the shared local Slurm cluster and PostgreSQL holds it shared; a test that injects a fault
-# into them (a lost node), or asserts on a share of its trials' time (which load beside it would
-# decide), holds it alone, so no test beside it suffers the fault. A test marked
-# `isolated` (its own PostgreSQL, the isolated partition's node) takes no part. Tests that start
-# Ray on this host's fixed ports take a second lock alone: one at a time.
+# Fair locks between the pytest workers (`pytest -n 3`, the test command). Every test of the shared
+# local Slurm cluster and PostgreSQL holds the cluster's lock shared (a test that breaks a part of
+# Slurm does it on the fault cluster, whose lock it holds alone); a test marked `isolated` (its own
+# PostgreSQL, the isolated partition's node) takes no part. Tests that start a local Ray instance
+# hold the "ray" lock alone: one at a time.
 LOCKS = Path(tempfile.gettempdir()) / "hpo-test-locks"
 
 
@@ -162,7 +161,7 @@ def holding_the_cluster() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _one_ray_test_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
     with contextlib.ExitStack() as held:
-        if request.node.get_closest_marker("ray_ports") is not None:
+        if one_at_a_time(request.node) == "ray":
             held.enter_context(shared_lock("ray", fcntl.LOCK_EX))
         yield
 
@@ -210,8 +209,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_itemcollected(item: pytest.Item) -> None:
     # The tests that must run one at a time run one after the other on one worker (`--dist
     # loadgroup`), instead of workers waiting for their locks while another holds them: those that
-    # start Ray on this host's fixed ports on one, those of the fault cluster on another. (A Ray
-    # test on the fault cluster is the Ray group's, and takes the fault cluster's lock as well.)
+    # start a local Ray instance on one, those of the fault cluster on another. (A Ray test on the
+    # fault cluster is that cluster's: its Ray runs in a Slurm job on ports chosen free, with a temp
+    # dir of its own, beside a local instance as beside another study's.) Two groups that waited on
+    # each other's locks would run no faster than one.
     # Marked as each is collected: pytest-xdist reads the groups in its own
     # pytest_collection_modifyitems, which runs before this file's.
     group = one_at_a_time(item)
@@ -220,12 +221,12 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def one_at_a_time(item: pytest.Item) -> str | None:
-    """The group of a test that must run one at a time: "ray" (Ray on this host's fixed ports) or
-    "fault-cluster"; None for the others."""
-    if item.get_closest_marker("ray_ports") is not None:
-        return "ray"
+    """The group of a test that must run one at a time: "fault-cluster", or "ray" (a local Ray
+    instance: this host's default ports and temp dir); None for the others."""
     if "fault_cluster" in getattr(item, "fixturenames", ()):
         return "fault-cluster"
+    if item.get_closest_marker("ray_ports") is not None:
+        return "ray"
     return None
 
 

@@ -361,6 +361,7 @@ class SlurmStates:
         self._queue_every_s = refresh_s
         self._vouched: set[str] = set()
         self._unknown_since: dict[str, float] = {}
+        self._known_since: dict[str, float] = {}
         _quiet_repeated_sacct_warnings()
 
     def ended(self, job: Any) -> bool:
@@ -401,7 +402,13 @@ class SlurmStates:
         return state in _SLURM_ENDED
 
     def _listed_by_squeue(self, job_id: str) -> bool | None:
-        return self.queued(job_id, self.refresh_s)
+        known_since = self._known_since.setdefault(job_id, time.monotonic())
+        listed = self.queued(job_id, self.refresh_s)
+        if listed is False and self._queue_read_at < known_since:
+            # A snapshot read before the launcher knew of the job (it was just submitted) cannot
+            # say that the job is gone: read squeue again.
+            listed = self.queued(job_id, 0.0)
+        return listed
 
     def queued(self, job_id: str, max_age_s: float) -> bool | None:
         """Whether squeue lists the job (pending, running or completing), from one squeue of all

@@ -58,6 +58,7 @@ class PrivateServer:
             ["pg_lsclusters", "-h"], capture_output=True, text=True, check=True
         ).stdout.split()[0]
         self.name = f"outage{uuid.uuid4().hex[:6]}"
+        self.studies: list[str] = []  # whose trial jobs the fixture cancels after the test
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
@@ -149,8 +150,10 @@ def server(local_cluster: str) -> Iterator[PrivateServer]:
     try:
         yield private
     finally:
-        # A test that failed leaves trial jobs that would wait for this server for 10 minutes.
-        subprocess.run(["scancel", "--partition", "isolated"], timeout=60)
+        # A test that failed leaves trial jobs that would wait for this server for 10 minutes. Its
+        # own only: the other test of this file may be running on the same partition meanwhile.
+        for study in private.studies:
+            subprocess.run(["scancel", "--partition", "isolated", "--name", f"hpo-{study}"], timeout=60)
         private.drop()
 
 
@@ -160,6 +163,7 @@ def test_a_database_outage_at_any_moment_of_a_study_loses_and_doubles_nothing(
 ) -> None:
     database = server.url
     name = f"outage-{uuid.uuid4().hex[:6]}"  # its jobs are found in sacct by name
+    server.studies.append(name)
     # Epochs long enough (4 s, the stand-in of helpers.py) that trials are seen running with one
     # epoch reported, and run on through an outage.
     document = stand_in_study(
@@ -359,6 +363,7 @@ def test_a_database_out_of_connections_is_waited_out(tmp_path: Path, server: Pri
         tmp_path, f"crowded-{uuid.uuid4().hex[:6]}", {"steps": 6, "function": "my_objective:objective"},
         n_trials=6, max_concurrent=2, budget=1.0,
     )  # fmt: skip
+    server.studies.append(document["study"]["name"])
     document["resources"] = {"executor": "slurm", "partition": "isolated", "time": "10m"}
     study_file = write_study(tmp_path / "study.yaml", document)
     launcher = launch_in_background(study_file, server.url)

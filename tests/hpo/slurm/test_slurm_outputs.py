@@ -68,3 +68,25 @@ def test_sinfo_nodes_of_the_default_or_the_named_partition_with_their_gpus() -> 
     gpu = _recorded("nodes-gpu.txt", "sinfo")
     assert preflight.parse_node_capacity(gpu, None) == {"gpu001": (40, 4), "gpu002": (40, 4)}
     assert preflight.parse_node_capacity(gpu, "gpu_p5")["gpu100"] == (64, 8)
+
+
+def test_a_job_submitted_after_the_last_squeue_is_not_taken_as_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sacct away (every state UNKNOWN) and squeue read just before the job's submission: that
+    snapshot cannot say the job is gone, so squeue is read again, and the job runs on."""
+    from types import SimpleNamespace
+
+    snapshots = iter([{"41"}, {"41", "42"}])  # squeue before job 42's submission, then after it
+    monkeypatch.setattr(executors, "user_queue", lambda: next(snapshots))
+    watcher = SimpleNamespace(update=lambda: None, get_state=lambda job_id, mode: None)  # sacct: nothing
+
+    def job(job_id: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            job_id=job_id, watcher=watcher, paths=SimpleNamespace(result_pickle=tmp_path / job_id)
+        )
+
+    states = executors.SlurmStates(unknown_grace_s=0.0)
+    assert not states.ended(job("41"))  # reads the first snapshot
+    assert not states.ended(job("42"))  # not in it: a second read lists it
+    assert not states.ended(job("42"))
