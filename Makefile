@@ -31,12 +31,13 @@ cluster:
 cluster-down:
 	bash deploy/local-cluster/down.sh
 
-# Three pytest workers on the 2 cores: most of a test of the service waits on Slurm, a database or
-# a trial's sleep, and a third worker runs meanwhile. The tests that start Ray run one after the
-# other on one worker (an xdist group); a fault test that stops a daemon runs on the fault cluster
-# of its own (deploy/local-cluster/faults.sh). Prints the 20 slowest files and the run's time.
+# Four pytest workers on the 2 cores: much of a test of the service waits on Slurm, a database or
+# a trial's sleep (with three, the cores idled a tenth of the run), and other workers run meanwhile.
+# The tests that start a local Ray run one after the other on one worker (an xdist group); those of
+# the fault cluster (deploy/local-cluster/faults.sh), whose daemons they stop, on another. Prints
+# the 20 slowest files and the run's time.
 test: lint cluster
-	$(VENV)/bin/pytest -n 3 --dist loadgroup
+	$(VENV)/bin/pytest -n 4 --dist loadgroup
 
 # The layer below the cluster: the tests marked `fast` (pure functions, the schema, reference sbatch
 # files, recorded Slurm output, the docs, the import graph); under a minute, no cluster needed.

@@ -63,7 +63,7 @@ def run_trainer_cli(
     )
 
 
-# Fair locks between the pytest workers (`pytest -n 3`, the test command). Every test of the shared
+# Fair locks between the pytest workers (`pytest -n 4`, the test command). Every test of the shared
 # local Slurm cluster and PostgreSQL holds the cluster's lock shared (a test that breaks a part of
 # Slurm does it on the fault cluster, whose lock it holds alone); a test marked `isolated` (its own
 # PostgreSQL, the isolated partition's node) takes no part. Tests that start a local Ray instance
@@ -193,7 +193,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     # The order the workers take tests in (pytest-xdist's loadgroup hands them out in it, each worker
     # holding at most two): the tests that run one at a time first, as two groups that two workers
-    # run while the third works through the rest (they are the longest units of the suite); then the
+    # run while the others work through the rest (they are the longest units of the suite); then the
     # tests of hpo in the order of their files' names, not their folders', so that slow files sit
     # among quick ones; then the tests that need no cluster: the top-level tests and the trainer's,
     # whose many short tests fill the end of the run.
