@@ -63,11 +63,10 @@ def run_trainer_cli(
     )
 
 
-# Fair locks between the pytest workers (`pytest -n 4`, the test command). Every test of the shared
-# local Slurm cluster and PostgreSQL holds the cluster's lock shared (a test that breaks a part of
-# Slurm does it on the fault cluster, whose lock it holds alone); a test marked `isolated` (its own
-# PostgreSQL, the isolated partition's node) takes no part. Tests that start a local Ray instance
-# hold the "ray" lock alone: one at a time.
+# Fair locks between the pytest workers (`pytest -n 4`, the test command): a test that breaks a part
+# of Slurm does it on the fault cluster, whose lock it holds alone; tests that start a local Ray
+# instance hold the "ray" lock alone: one at a time. The shared local cluster and PostgreSQL need no
+# lock: no test stops any part of them (the guards below keep tests that did not ask for them off).
 LOCKS = Path(tempfile.gettempdir()) / "hpo-test-locks"
 
 
@@ -88,21 +87,12 @@ def shared_lock(name: str, mode: int) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def cluster_lock(test: pytest.Item) -> contextlib.AbstractContextManager[None]:
-    """The cluster's lock as `test` must hold it: none for an `isolated` test, shared otherwise
-    (a test that breaks a part of Slurm does it on the fault cluster, whose lock it holds alone).
-    Taken by the `local_cluster` fixture."""
-    if test.get_closest_marker("isolated") is not None:
-        return contextlib.nullcontext()
-    return shared_lock("cluster", fcntl.LOCK_SH)
-
-
 # The rule that keeps the lock hole closed: while the suite runs, the cluster's commands on PATH are
 # guards that refuse to run (exit 97, one line) unless the process that runs them, or the test that
 # started it, holds the cluster through the `local_cluster` fixture, which sets the variable below.
 # A test that reaches Slurm without asking for the cluster then fails where it calls the command,
 # instead of running beside a fault test that has stopped slurmctld. PostgreSQL is reached only
-# through the URL that fixture (or an isolated test's own server) hands out.
+# through the URL that fixture (or a test's own server) hands out.
 HELD = "HPO_TEST_CLUSTER_HELD"
 GUARDED = ("sbatch", "srun", "salloc", "scontrol", "squeue", "sacct", "sacctmgr", "scancel", "sinfo", "psql")
 GUARDS = LOCKS / "cluster-guards"

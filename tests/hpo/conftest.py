@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LOCKS, cluster_lock, holding_the_cluster, shared_lock
+from tests.conftest import LOCKS, holding_the_cluster, shared_lock
 from tests.hpo.helpers import REPO
 
 
@@ -32,7 +32,7 @@ def _cluster_started(request: pytest.FixtureRequest) -> str:
     answer = LOCKS / f"cluster-up-{run}"
     with shared_lock("cluster-up", fcntl.LOCK_EX):
         if not answer.exists():
-            with shared_lock("cluster", fcntl.LOCK_SH), holding_the_cluster():
+            with holding_the_cluster():
                 proc = subprocess.run(
                     ["bash", str(REPO / "deploy/local-cluster/up.sh")],
                     capture_output=True,
@@ -49,10 +49,10 @@ def _cluster_started(request: pytest.FixtureRequest) -> str:
 def local_cluster(_cluster_started: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """The running Slurm cluster and PostgreSQL (their database URL), held for this test.
 
-    The cluster's lock is taken here, in the one fixture that hands the cluster out, so a test holds
-    it however it asks (in its signature, through another fixture, or `request.getfixturevalue`
-    mid-test): shared, or alone for a test that breaks a part everyone uses (see tests/conftest.py)."""
-    with cluster_lock(request.node), holding_the_cluster():
+    The cluster is held here, in the one fixture that hands it out, so a test holds it however it
+    asks (in its signature, through another fixture, or `request.getfixturevalue` mid-test): its
+    Slurm commands run, where the guards of tests/conftest.py refuse those of a test that did not."""
+    with holding_the_cluster():
         yield _cluster_started
 
 

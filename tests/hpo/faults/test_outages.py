@@ -157,7 +157,6 @@ def server(local_cluster: str) -> Iterator[PrivateServer]:
         private.drop()
 
 
-@pytest.mark.isolated  # its own PostgreSQL server and the isolated partition's node
 def test_a_database_outage_at_any_moment_of_a_study_loses_and_doubles_nothing(
     tmp_path: Path, server: PrivateServer
 ) -> None:
@@ -352,7 +351,6 @@ def test_only_an_unreachable_database_is_waited_for(local_cluster: str) -> None:
     assert len(calls) >= 3 and waits and "storage unreachable during connect" in waits[0]
 
 
-@pytest.mark.isolated  # its own PostgreSQL server and the isolated partition's node
 def test_a_database_out_of_connections_is_waited_out(tmp_path: Path, server: PrivateServer) -> None:
     """Another client takes every connection the server allows (max_connections 100) for 20 s:
     trial processes starting meanwhile, and the launcher, wait ("too many clients") and go on."""
