@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,6 +128,11 @@ def write_guards(folder: Path, path: str) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Ray starts its workers (where Tune trials and Train workers run) at niceness 15, below its own
+    # daemons: right on a node of its own, but here four test workers share 2 cores, and a Ray
+    # test's trials got a twentieth of a core beside the others' trials at niceness 0 (two minutes to
+    # start a Train worker group, a test past its timeout). Inherited by the Ray of a Slurm job too.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     if not shutil.which("sbatch"):  # no Slurm here: nothing a test could reach without the fixture
         return
     if not os.environ["PATH"].startswith(f"{GUARDS}:"):
@@ -243,3 +249,28 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     )
     for path, seconds in sorted(per_file.items(), key=lambda item: -item[1])[:SLOWEST_FILES]:
         terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
+    write_timeline(terminalreporter, TIMELINE)
+
+
+# Each test's worker, start and end (seconds since the first test began), for finding what the run's
+# end waited on: test-artifacts/timeline.tsv, one line per test, in order of start.
+TIMELINE = REPO / "test-artifacts" / "timeline.tsv"
+
+
+def write_timeline(terminalreporter: pytest.TerminalReporter, path: Path) -> None:
+    spans: dict[str, list[Any]] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport) and hasattr(report, "start"):
+                node = getattr(report, "node", None)
+                worker = node.gateway.id if node is not None and hasattr(node, "gateway") else "main"
+                span = spans.setdefault(report.nodeid, [worker, report.start, report.stop])
+                span[1], span[2] = min(span[1], report.start), max(span[2], report.stop)
+    if not spans:
+        return
+    first = min(start for _, start, _ in spans.values())
+    path.parent.mkdir(exist_ok=True)
+    with path.open("w") as out:
+        out.write("worker\tstart_s\tend_s\ttest\n")
+        for nodeid, (worker, start, stop) in sorted(spans.items(), key=lambda item: item[1][1]):
+            out.write(f"{worker}\t{start - first:.1f}\t{stop - first:.1f}\t{nodeid}\n")

@@ -62,6 +62,14 @@ def check_settings(spec: StudySpec) -> None:
         raise StudyFileError(
             f"{where}: PBT hands checkpoints between single-process trials; got {workers} processes per trial"
         )
+    cpus = os.cpu_count() or 1
+    if executors.get(res.executor).on_this_machine and workers * res.cpus_per_task > cpus:
+        # The local Ray instance has this machine's cores: the workers could never all start.
+        # (Checked before Ray Train is imported: that takes seconds of torch.)
+        raise NotReadyError(
+            f"{where}: {workers} workers x cpus_per_task={res.cpus_per_task} need "
+            f"{workers * res.cpus_per_task} CPUs; this machine has {cpus}"
+        )
     with optional_extra(
         f"{where}: DDP trials (Ray Train with its Tune integration)", "pip install 'ray[default,tune,train]'"
     ):
@@ -69,13 +77,6 @@ def check_settings(spec: StudySpec) -> None:
         from ray.tune.integration.ray_train import TuneReportCallback  # noqa: F401
     if not TorchTrainer.__module__.startswith("ray.train.v2"):
         raise NotReadyError(f"{where}: DDP trials need Ray Train V2", "unset RAY_TRAIN_V2_ENABLED")
-    cpus = os.cpu_count() or 1
-    if executors.get(res.executor).on_this_machine and workers * res.cpus_per_task > cpus:
-        # The local Ray instance has this machine's cores: the workers could never all start.
-        raise NotReadyError(
-            f"{where}: {workers} workers x cpus_per_task={res.cpus_per_task} need "
-            f"{workers * res.cpus_per_task} CPUs; this machine has {cpus}"
-        )
 
 
 def tune_trainable(spec: StudySpec, objective: Objective) -> Any:
