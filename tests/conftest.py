@@ -133,6 +133,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # test's trials got a twentieth of a core beside the others' trials at niceness 0 (two minutes to
     # start a Train worker group, a test past its timeout). Inherited by the Ray of a Slurm job too.
     os.environ.setdefault("RAY_worker_niceness", "0")
+    _join_cpu_group(config)
     if not shutil.which("sbatch"):  # no Slurm here: nothing a test could reach without the fixture
         return
     if not os.environ["PATH"].startswith(f"{GUARDS}:"):
@@ -253,8 +254,48 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 # Each test's worker, start and end (seconds since the first test began), for finding what the run's
-# end waited on: test-artifacts/timeline.tsv, one line per test, in order of start.
+# end waited on: test-artifacts/timeline.tsv, one line per test, in order of start. The suite is
+# bound by the 2 cores, so what a test costs is its CPU: with HPO_TEST_CPU=1 (root, cgroup v1's
+# cpuacct) each worker runs in a cpuacct group of its own, and a cpu_s column gives the CPU that the
+# worker and every process it started (launchers, local trials, local Ray) spent during the test.
+# Slurm jobs run under slurmd, not the worker: their CPU is not in it.
 TIMELINE = REPO / "test-artifacts" / "timeline.tsv"
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+_worker_cpu_group: Path | None = None
+
+
+def _join_cpu_group(config: pytest.Config) -> None:
+    global _worker_cpu_group
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    if os.environ.get("HPO_TEST_CPU") != "1" or not (CPUACCT / "cpuacct.usage").exists():
+        return
+    group = CPUACCT / f"hpo-test-{worker}"
+    group.mkdir(exist_ok=True)
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+    _worker_cpu_group = group
+
+
+def _cpu_used_s() -> float:
+    assert _worker_cpu_group is not None
+    return int((_worker_cpu_group / "cpuacct.usage").read_text()) / 1e9
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    if _worker_cpu_group is not None:
+        item.stash[_CPU_AT_START] = _cpu_used_s()
+    yield
+
+
+_CPU_AT_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    # Written into the teardown report (the last of a test's three), which reaches the controller.
+    if call.when == "teardown" and _CPU_AT_START in item.stash:
+        item.user_properties.append(("cpu_s", _cpu_used_s() - item.stash[_CPU_AT_START]))
+    yield
 
 
 def write_timeline(terminalreporter: pytest.TerminalReporter, path: Path) -> None:
@@ -264,13 +305,14 @@ def write_timeline(terminalreporter: pytest.TerminalReporter, path: Path) -> Non
             if isinstance(report, pytest.TestReport) and hasattr(report, "start"):
                 node = getattr(report, "node", None)
                 worker = node.gateway.id if node is not None and hasattr(node, "gateway") else "main"
-                span = spans.setdefault(report.nodeid, [worker, report.start, report.stop])
+                span = spans.setdefault(report.nodeid, [worker, report.start, report.stop, ""])
                 span[1], span[2] = min(span[1], report.start), max(span[2], report.stop)
+                span[3] = next((f"{v:.1f}" for k, v in report.user_properties if k == "cpu_s"), span[3])
     if not spans:
         return
-    first = min(start for _, start, _ in spans.values())
+    first = min(start for _, start, _, _ in spans.values())
     path.parent.mkdir(exist_ok=True)
     with path.open("w") as out:
-        out.write("worker\tstart_s\tend_s\ttest\n")
-        for nodeid, (worker, start, stop) in sorted(spans.items(), key=lambda item: item[1][1]):
-            out.write(f"{worker}\t{start - first:.1f}\t{stop - first:.1f}\t{nodeid}\n")
+        out.write("worker\tstart_s\tend_s\tcpu_s\ttest\n")
+        for nodeid, (worker, start, stop, cpu) in sorted(spans.items(), key=lambda item: item[1][1]):
+            out.write(f"{worker}\t{start - first:.1f}\t{stop - first:.1f}\t{cpu}\t{nodeid}\n")

@@ -444,8 +444,8 @@ def test_failures_above_some_learning_rate_never_stop_a_study_over_twelve_seeds(
                 "metric_pattern": PATTERN,
                 "steps": 2,
             },
-            # Fail fast decides before a study's first success: 6 trials, 4 in flight, cover it.
-            n_trials=6,
+            # Fail fast decides before a study's first success: 4 trials, all in flight, cover it.
+            n_trials=4,
             max_concurrent=4,
             max_retries=0,
             sampler={"name": "tpe", "seed": seed},
@@ -471,9 +471,11 @@ def test_failures_above_some_learning_rate_never_stop_a_study_over_twelve_seeds(
         outcomes.append((seed, returncode, len(trials), len(failed)))
         assert returncode == 0, (seed, output[-3000:])
         assert "failed the same way" not in output
-        assert len(trials) == 6, (seed, [(t.number, t.state.name) for t in trials])  # the whole budget
+        assert len(trials) == 4, (seed, [(t.number, t.state.name) for t in trials])  # the whole budget
         assert all(t.state.name in ("COMPLETE", "PRUNED") for t in trials if t.params["lr"] <= 0.5)
         # "loss is nan" is a divergence (DIVERGED, the sampler learns from it); the crash a failure.
         shown = {record.shown_state(t) for t in failed}
         assert shown <= ({"DIVERGED"} if seed % 2 == 0 else {"FAIL"}), (seed, shown)
     print(f"\nseed, exit status, trials, trials with lr > 0.5: {outcomes}")
+    # The rule was put to the test: studies met failures, some more than one.
+    assert sum(1 for *_, failed in outcomes if failed) >= 3 and max(f for *_, f in outcomes) >= 2, outcomes

@@ -63,12 +63,15 @@ def best_line(stdout: str) -> str:
 
 
 def test_local_executor_runs_a_study_with_pruning(tmp_path: Path, fashion_mnist_root: str) -> None:
-    document = study_document("local-study", tmp_path / "work", trainer={"test_held_out": True})
+    # Six trials: the four enqueued (two pruned) and two of TPE's; each costs seconds of torch.
+    document = study_document(
+        "local-study", tmp_path / "work", study={"n_trials": 6}, trainer={"test_held_out": True}
+    )
     study_file = write_study(tmp_path / "study.yaml", document)
     proc = run_hpo("launch", str(study_file))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     trials = load_trials(document)
-    check_finished_study(trials, 8)
+    check_finished_study(trials, 6)
     best = max((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
     assert best_line(proc.stdout).startswith(f"best trial {best.number}: value={best.value:.4f}")
     # The trials were local processes: their "job id" is the local controller's pid, no Slurm.
@@ -80,7 +83,7 @@ def test_local_executor_runs_a_study_with_pruning(tmp_path: Path, fashion_mnist_
 
     status = run_hpo("status", str(study_file))
     assert status.returncode == 0, status.stderr
-    assert status.stdout.startswith("study local-study: 8 of 8 trials;")
+    assert status.stdout.startswith("study local-study: 6 of 6 trials;")
     best_cmd = run_hpo("best", str(study_file))
     assert best_cmd.returncode == 0, best_cmd.stderr
     assert f"best trial {best.number}:" in best_cmd.stdout
@@ -91,15 +94,15 @@ def test_local_executor_runs_a_study_with_pruning(tmp_path: Path, fashion_mnist_
 def test_slurm_executor_runs_trials_as_slurm_jobs_with_postgresql(
     tmp_path: Path, fresh_database: str, fashion_mnist_root: str
 ) -> None:
-    document = study_document("slurm-study", tmp_path / "work")
+    document = study_document("slurm-study", tmp_path / "work", study={"n_trials": 6})
     study_file = write_study(tmp_path / "study.yaml", document)
     proc = run_hpo("launch", str(study_file), "--executor", "slurm", "--storage", fresh_database)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     trials = load_trials(document, fresh_database)
-    check_finished_study(trials, 8)
+    check_finished_study(trials, 6)
     # Every trial ran as its own Slurm job, which sacct knows and which ended well.
     job_ids = [t.user_attrs["job_id"] for t in trials]
-    assert len(set(job_ids)) == 8
+    assert len(set(job_ids)) == 6
     # (The last jobs may still be exiting when the launcher has seen their trials told.)
     assert {job_id: _wait_for_sacct(job_id) for job_id in job_ids} == dict.fromkeys(job_ids, "COMPLETED")
     assert all(t.user_attrs["nodes"] in ("n1", "n2") for t in trials)
