@@ -326,12 +326,19 @@ def _open_rdb(ref: StorageRef, *, create: bool) -> optuna.storages.RDBStorage:
         engine_kwargs.update(pool_size=1, max_overflow=2, pool_recycle=3600)
         if ref.target.startswith("postgresql"):
             engine_kwargs["connect_args"] = {"connect_timeout": 10}
-    return optuna.storages.RDBStorage(
+    storage = optuna.storages.RDBStorage(
         ref.target,
         engine_kwargs=engine_kwargs,
         skip_table_creation=not create,
         skip_compatibility_check=not create,
     )
+    if not create:
+        # Optuna's open queried the database (its version tables, now asked on demand): a server
+        # that does not answer is still found here, where the callers name the study file's key.
+        # The connection stays in the pool for the first query.
+        with storage.engine.connect():
+            pass
+    return storage
 
 
 def _create_schema_with_retries(ref: StorageRef, attempts: int = 8) -> optuna.storages.RDBStorage:
