@@ -262,13 +262,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 TIMELINE = REPO / "test-artifacts" / "timeline.tsv"
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 _worker_cpu_group: Path | None = None
+_CPU_AT_START = pytest.StashKey[float]()
 
 
 def _join_cpu_group(config: pytest.Config) -> None:
     global _worker_cpu_group
-    worker = getattr(config, "workerinput", {}).get("workerid", "main")
     if os.environ.get("HPO_TEST_CPU") != "1" or not (CPUACCT / "cpuacct.usage").exists():
         return
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
     group = CPUACCT / f"hpo-test-{worker}"
     group.mkdir(exist_ok=True)
     (group / "cgroup.procs").write_text(str(os.getpid()))
@@ -285,9 +286,6 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     if _worker_cpu_group is not None:
         item.stash[_CPU_AT_START] = _cpu_used_s()
     yield
-
-
-_CPU_AT_START = pytest.StashKey[float]()
 
 
 @pytest.hookimpl(hookwrapper=True)
