@@ -286,18 +286,14 @@ class _Command:
                 cut = pending.rfind(b"\r") + 1
                 raw, carry = pending[:cut], pending[cut:]
                 if len(carry) > MAX_LINE:  # a line longer than a piece: its front goes to the log only
-                    with contextlib.suppress(OSError, ValueError):
-                        print(
-                            carry[:-MAX_LINE].decode("utf-8", errors="replace"), end="", file=echo, flush=True
-                        )
+                    _log_line(carry[:-MAX_LINE].decode("utf-8", errors="replace"), echo, end="")
                     carry = carry[-MAX_LINE:]
                 if not raw:
                     continue
             else:
                 raw, carry = carry + raw, b""
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            with contextlib.suppress(OSError, ValueError):  # a full disk under the job log
-                print(line, file=echo, flush=True)  # the job's log keeps the command's output
+            _log_line(line, echo)  # the job's log keeps the command's output
             for part in line.split("\r"):  # \r-separated progress updates: each its own line
                 if part.strip():
                     self.last_line[kind] = part.strip()[:500]
@@ -313,9 +309,7 @@ class _Command:
                     metrics = dict(message.get("metrics") or {})
                     self.events.put(("report", (step, value, metrics)))
                 except (ValueError, KeyError, TypeError):
-                    print(
-                        f"hpo.trial: ignored a malformed report {line.strip()!r}", file=sys.stderr, flush=True
-                    )
+                    _log_line(f"hpo.trial: ignored a malformed report {line.strip()!r}", sys.stderr)
                     self.events.put(("report", (0, None, {})))  # its sender waits for an answer
 
     def _reply(self, word: str) -> None:
@@ -413,13 +407,26 @@ class _Reports:
         """One line in the trial's log, the first time only: a report the study does not take."""
         if kind not in self.warned:
             self.warned.add(kind)
-            print(f"hpo: warning: {text}", flush=True)
+            _log_line(f"hpo: warning: {text}")
 
     def _keep(self, step: int, metrics: dict[str, Any]) -> None:
         for name, raw in metrics.items():
             value = raw if isinstance(raw, float | int) else _number(raw)
             if value is not None and math.isfinite(float(value)):
                 self.metrics.setdefault(name, {})[str(step)] = float(value)
+
+
+_LOG_LOCK = threading.Lock()
+
+
+def _log_line(text: str, stream: IO[str] | None = None, end: str = "\n") -> None:
+    """One line in the job's log. The command's output is echoed from reader threads while the
+    main thread writes the service's own lines to the same log: print's text and newline are two
+    writes, and another thread's line could land between them (one line glued to another)."""
+    out = stream if stream is not None else sys.stdout
+    with _LOG_LOCK, contextlib.suppress(OSError, ValueError):  # a full disk under the job log
+        out.write(text + end)
+        out.flush()
 
 
 def _decide(reporter: StepReporter, spec: StudySpec, step: int, value: float) -> Decision:
@@ -429,9 +436,8 @@ def _decide(reporter: StepReporter, spec: StudySpec, step: int, value: float) ->
         reporter.report(StepReport(epoch=step, values={spec.study.metric: value})) or Decision.CONTINUE,
     )
     # Rank 0's log says what reached the study (a DDP job's other ranks report nothing).
-    print(
-        f"hpo: report of step {step}: {spec.study.metric}={value:.6g} ({'stop' if decision == Decision.STOP else 'go on'})",
-        flush=True,
+    _log_line(
+        f"hpo: report of step {step}: {spec.study.metric}={value:.6g} ({'stop' if decision == Decision.STOP else 'go on'})"
     )
     return Decision.STOP if decision == Decision.STOP else Decision.CONTINUE
 

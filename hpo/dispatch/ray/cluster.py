@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 180
 RAY_START_ATTEMPTS = 3
+RAY_START_TIMEOUT_S = 300
 _PORT_NAMES = (
     "port",
     "node-manager-port",
@@ -129,7 +130,7 @@ class RayClusterTask:
             nonlocal address
             if address:
                 return address
-            named = starting()
+            named = starting(lambda: False)  # the head has no one to wait for
             address = f"{node_ip}:{named['port']}"
             rdv.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             _write_json(rdv, {"address": address, "head": _node_name(), "dashboard_port": named["dashboard-port"],
@@ -146,7 +147,9 @@ class RayClusterTask:
             with contextlib.suppress(RuntimeError):
                 head_up()  # a study with nothing left to run never connected: the head is stopped all the same
             data = read_rendezvous(rdv) or {}
-            _write_json(rdv, {**data, "done": True})
+            _write_json(rdv, {**data, "done": True})  # a node still starting leaves at once
+            if (joined := _joined(rdv, nodes)) < nodes:
+                log.warning(f"ray cluster: the study ended with {joined} of {nodes} nodes joined")
             _stop_ray(temp_dir)
         return {"rank": 0}
 
@@ -158,7 +161,14 @@ class RayClusterTask:
             time.sleep(0.2)
         # A worker has no GCS, dashboard or client server of its own.
         names = [n for n in _PORT_NAMES if n not in ("port", "dashboard-port", "ray-client-server-port")]
-        _ray_start([f"--address={data['address']}"], names, node_ip, temp_dir, self.spec)()
+        starting = _ray_start([f"--address={data['address']}"], names, node_ip, temp_dir, self.spec)
+        try:
+            starting(lambda: bool((read_rendezvous(rdv) or {}).get("done")))
+        except StudyEnded:
+            # A node slow to start (Ray's agents get 15 s to come up on a loaded node; a failed
+            # start is tried again) must not hold its allocation after the head is gone.
+            log.warning(f"ray cluster: the study ended before {_node_name()} joined; no trial ran on it")
+            return {"rank": "worker"}
         log.info(f"ray worker on {_node_name()} joined {data['address']}")
         joined_marker(rdv, rank).touch()
         try:  # stay until the head is done: the job ends when every task has returned
@@ -169,13 +179,19 @@ class RayClusterTask:
         return {"rank": "worker"}
 
 
+class StudyEnded(Exception):
+    """The study ended while this node's Ray was starting."""
+
+
 def _ray_start(
     extra: list[str], port_names: Sequence[str], node_ip: str, temp_dir: str, spec: StudySpec
-) -> Callable[[], dict[str, int]]:
+) -> Callable[[Callable[[], bool]], dict[str, int]]:
     """``ray start`` begun on ports free now; the function returned waits for it and gives the
-    ports it listens on. A port can be taken between its choice and Ray's bind (another cluster
-    starting on the node, or the other emulated node of this host): Ray then fails after half a
-    minute with processes left behind, which are stopped before a start on fresh ports."""
+    ports it listens on, or raises StudyEnded as soon as its argument says to give up. A start
+    can fail: a port taken between its choice and Ray's bind (another cluster starting on the
+    node, or the other emulated node of this host), or Ray's agents slower to come up than the
+    raylet waits for them on a loaded node. Ray then fails after half a minute with processes
+    left behind, which are stopped before a start on fresh ports."""
     slots = slots_per_node(spec)
 
     def begin() -> tuple[dict[str, int], subprocess.Popen[str]]:
@@ -201,14 +217,25 @@ def _ray_start(
 
     ports, proc = begin()
 
-    def wait() -> dict[str, int]:
+    def wait(give_up: Callable[[], bool]) -> dict[str, int]:
         nonlocal ports, proc
         for attempt in range(1, RAY_START_ATTEMPTS + 1):
-            try:
-                out, err = proc.communicate(timeout=300)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                raise RuntimeError(f"ray start did not return within 300 s on {_node_name()}") from None
+            deadline = time.monotonic() + RAY_START_TIMEOUT_S
+            while True:
+                try:  # output already read is kept across the timeouts
+                    out, err = proc.communicate(timeout=1)
+                    break
+                except subprocess.TimeoutExpired:
+                    if give_up():
+                        proc.kill()
+                        proc.communicate()
+                        _stop_ray(temp_dir, whole_job=False)
+                        raise StudyEnded from None
+                    if time.monotonic() > deadline:
+                        proc.kill()
+                        raise RuntimeError(
+                            f"ray start did not return within {RAY_START_TIMEOUT_S} s on {_node_name()}"
+                        ) from None
             if proc.returncode == 0:
                 return ports
             failure = f"ray start failed on {_node_name()}: {_last_lines(out + err)}"
@@ -216,6 +243,8 @@ def _ray_start(
                 raise RuntimeError(failure)
             log.warning(f"{failure}; starting again on other ports")
             _stop_ray(temp_dir, whole_job=False)
+            if give_up():
+                raise StudyEnded
             ports, proc = begin()
         raise AssertionError("unreachable")
 
@@ -232,11 +261,15 @@ def joined_marker(rdv: Path, rank: int) -> Path:
     return rdv.with_name(f"{rdv.stem}.joined-{rank}")
 
 
+def _joined(rdv: Path, nodes: int) -> int:
+    return 1 + sum(1 for rank in range(1, nodes) if joined_marker(rdv, rank).exists())
+
+
 def _report_joined(rdv: Path, nodes: int) -> None:
     """Log when every node has joined, or, past the bound, how many did (the trials run on those)."""
     deadline = time.monotonic() + JOIN_TIMEOUT_S
     while True:
-        joined = 1 + sum(1 for rank in range(1, nodes) if joined_marker(rdv, rank).exists())
+        joined = _joined(rdv, nodes)
         if joined == nodes:
             log.info(f"ray cluster: {nodes} of {nodes} nodes up")
             return

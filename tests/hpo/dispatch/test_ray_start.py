@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import pytest
 
 from hpo.config import load_study
 from hpo.dispatch.ray import cluster
-from tests.hpo.helpers import study_document, write_study
+from tests.hpo.helpers import processes_with, study_document, write_study
 
 
 def test_a_ray_start_whose_port_was_taken_meanwhile_starts_again_on_other_ports(
@@ -35,7 +37,7 @@ def test_a_ray_start_whose_port_was_taken_meanwhile_starts_again_on_other_ports(
     try:
         ports = cluster._ray_start(
             ["--head", "--include-dashboard=false"], cluster._PORT_NAMES, "127.0.0.1", temp_dir, spec
-        )()
+        )(lambda: False)
         assert ports["port"] != taken.getsockname()[1]
         # The first start failed on its GCS port (a later one may meet another clash: retried too).
         retried = [
@@ -48,3 +50,28 @@ def test_a_ray_start_whose_port_was_taken_meanwhile_starts_again_on_other_ports(
     finally:
         cluster._stop_ray(temp_dir, whole_job=False)
         taken.close()
+
+
+def test_a_node_still_starting_when_the_study_ends_leaves_at_once(tmp_path: Path) -> None:
+    # On a loaded node Ray's agents can come up later than the raylet waits for them, and the start
+    # is tried again; meanwhile the head may finish the study and stop. A worker's `ray start` then
+    # waits for a GCS that is gone (minutes): it must give up when told the study has ended, and
+    # leave no process behind, instead of holding its node of the allocation.
+    spec = load_study(write_study(tmp_path / "study.yaml", study_document("ray-gone", tmp_path / "work")))
+    with socket.create_server(("", 0)) as gone:
+        address = f"127.0.0.1:{gone.getsockname()[1]}"  # closed below: no GCS will answer there
+    names = [n for n in cluster._PORT_NAMES if n not in ("port", "dashboard-port", "ray-client-server-port")]
+    temp_dir = f"/tmp/ray-test-{uuid.uuid4().hex[:6]}"
+    ended = threading.Event()
+    try:
+        starting = cluster._ray_start([f"--address={address}"], names, "127.0.0.1", temp_dir, spec)
+        deadline = time.monotonic() + 30
+        while not processes_with(temp_dir):  # the start is under way
+            assert time.monotonic() < deadline, "ray start did not begin"
+            time.sleep(0.1)
+        threading.Timer(2.0, ended.set).start()
+        with pytest.raises(cluster.StudyEnded):
+            starting(ended.is_set)
+        assert processes_with(temp_dir) == []
+    finally:
+        cluster._stop_ray(temp_dir, whole_job=False)

@@ -9,7 +9,11 @@ minimized and maximized, as local processes and as Slurm jobs.
 
 from __future__ import annotations
 
+import io
 import math
+import re
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,7 @@ import optuna
 import pytest
 
 from hpo import record
+from hpo.trial import command_objective
 from hpo.trial.objective import TrialDiverged, check_finite
 from tests.hpo.helpers import load_trials, run_hpo, score_study, write_study
 
@@ -173,3 +178,30 @@ def test_a_report_the_study_does_not_take_gets_one_warning_line_per_kind(tmp_pat
     assert len(warnings) == 2, log
     assert "matched this line more than once; the first match counts" in warnings[0]
     assert "step 2 was reported again (0.6, then 0.7); the study keeps the first value" in warnings[1]
+
+
+class _YieldingStream(io.StringIO):
+    """A log whose every write lets another thread run first, as a flush to a file can."""
+
+    def write(self, text: str) -> int:
+        time.sleep(0)
+        return super().write(text)
+
+
+def test_lines_written_from_two_threads_into_one_log_stay_whole() -> None:
+    # The command's output is echoed by reader threads while the main thread writes the warnings
+    # and reports; with print's two writes (text, then newline), a warning landed inside a line.
+    log = _YieldingStream()
+
+    def write(tag: str) -> None:
+        for i in range(1000):
+            command_objective._log_line(f"{tag} {i}", log)
+
+    threads = [threading.Thread(target=write, args=(tag,)) for tag in ("epoch", "hpo: warning:")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 2000
+    assert all(re.fullmatch(r"(epoch|hpo: warning:) \d+", line) for line in lines), lines[:5]
