@@ -183,23 +183,52 @@ class StudyEnded(Exception):
     """The study ended while this node's Ray was starting."""
 
 
+class _Start:
+    """One ``ray start --block``: it stays in the foreground as the parent of the node's Ray
+    processes, which stay in the job step's process tree (Slurm signals and kills the whole tree
+    on a cancel, even where it tracks processes by parentage alone), and with Ray's reaper they
+    die with it however it ends. Its output is read as it comes: ready when Ray says started."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        self.output: list[str] = []
+        self.ready = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # read to the end: a blocked pipe would stall Ray's start
+            if len(self.output) < 2000:
+                self.output.append(line)
+            if "Ray runtime started" in line:
+                self.ready.set()
+
+    def ended(self) -> bool:
+        """The command has exited and its output is all read."""
+        return self.proc.poll() is not None and not self._reader.is_alive()
+
+
 def _ray_start(
     extra: list[str], port_names: Sequence[str], node_ip: str, temp_dir: str, spec: StudySpec
 ) -> Callable[[Callable[[], bool]], dict[str, int]]:
-    """``ray start`` begun on ports free now; the function returned waits for it and gives the
-    ports it listens on, or raises StudyEnded as soon as its argument says to give up. A start
-    can fail: a port taken between its choice and Ray's bind (another cluster starting on the
-    node, or the other emulated node of this host), or Ray's agents slower to come up than the
-    raylet waits for them on a loaded node. Ray then fails after half a minute with processes
-    left behind, which are stopped before a start on fresh ports."""
+    """``ray start --block`` begun on ports free now; the function returned waits until Ray is up
+    and gives the ports it listens on, or raises StudyEnded as soon as its argument says to give
+    up. A start can fail: a port taken between its choice and Ray's bind (another cluster starting
+    on the node, or the other emulated node of this host), or Ray's agents slower to come up than
+    the raylet waits for them on a loaded node (15 s). Ray then fails after half a minute with
+    processes left behind, which are stopped before a start on fresh ports."""
     slots = slots_per_node(spec)
 
-    def begin() -> tuple[dict[str, int], subprocess.Popen[str]]:
+    def begin() -> tuple[dict[str, int], _Start]:
         ports = dict(zip(port_names, _free_ports(len(port_names)), strict=True))
         low = _free_range(_WORKER_PORTS + 1, avoid=set(ports.values()))
         args = [
             _ray(),
             "start",
+            "--block",
             *extra,
             f"--node-ip-address={node_ip}",
             f"--temp-dir={temp_dir}",
@@ -210,42 +239,33 @@ def _ray_start(
             "--disable-usage-stats",
             *(f"--{name}={port}" for name, port in ports.items()),
         ]
-        env = {**os.environ, **driver.ACTOR_ENV}
-        return ports, subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        )
+        return ports, _Start(args, {**os.environ, **driver.ACTOR_ENV})
 
-    ports, proc = begin()
+    ports, start = begin()
 
     def wait(give_up: Callable[[], bool]) -> dict[str, int]:
-        nonlocal ports, proc
+        nonlocal ports, start
         for attempt in range(1, RAY_START_ATTEMPTS + 1):
             deadline = time.monotonic() + RAY_START_TIMEOUT_S
-            while True:
-                try:  # output already read is kept across the timeouts
-                    out, err = proc.communicate(timeout=1)
-                    break
-                except subprocess.TimeoutExpired:
-                    if give_up():
-                        proc.kill()
-                        proc.communicate()
-                        _stop_ray(temp_dir, whole_job=False)
-                        raise StudyEnded from None
-                    if time.monotonic() > deadline:
-                        proc.kill()
-                        raise RuntimeError(
-                            f"ray start did not return within {RAY_START_TIMEOUT_S} s on {_node_name()}"
-                        ) from None
-            if proc.returncode == 0:
+            while not start.ready.wait(timeout=1) and not start.ended():
+                if give_up():
+                    _stop_ray(temp_dir, whole_job=False)
+                    raise StudyEnded
+                if time.monotonic() > deadline:
+                    _stop_ray(temp_dir, whole_job=False)
+                    raise RuntimeError(
+                        f"ray start did not return within {RAY_START_TIMEOUT_S} s on {_node_name()}"
+                    )
+            if start.ready.is_set():
                 return ports
-            failure = f"ray start failed on {_node_name()}: {_last_lines(out + err)}"
+            failure = f"ray start failed on {_node_name()}: {_last_lines(''.join(start.output))}"
             if attempt == RAY_START_ATTEMPTS:
                 raise RuntimeError(failure)
             log.warning(f"{failure}; starting again on other ports")
             _stop_ray(temp_dir, whole_job=False)
             if give_up():
                 raise StudyEnded
-            ports, proc = begin()
+            ports, start = begin()
         raise AssertionError("unreachable")
 
     return wait

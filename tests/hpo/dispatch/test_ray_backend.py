@@ -17,6 +17,7 @@ from tests.hpo.helpers import (
     GOOD,
     launch_in_background,
     load_trials,
+    processes_with,
     run_hpo,
     score_study,
     stand_in_study,
@@ -169,7 +170,15 @@ def test_relaunch_after_the_ray_job_is_cancelled_resumes_without_counting_a_tria
     assert re.search(r"^Ray job \d+: cancelled$", cancel.stdout, re.M), cancel.stdout
     output = launcher.communicate(timeout=120)[0]
     assert launcher.returncode != 0 and "CANCELLED" in output, output
-    before = {t.number: t.state.name for t in load_trials(document, fresh_database)}
+    cut_short = load_trials(document, fresh_database)
+    before = {t.number: t.state.name for t in cut_short}
+    # Nothing of the cancelled job's Ray outlives it (its GCS once did: `ray start` without
+    # --block leaves the node's Ray processes outside the job's process tree, which Slurm kills).
+    [cancelled_job] = {t.user_attrs["job_id"] for t in cut_short if "job_id" in t.user_attrs}
+    deadline = time.monotonic() + 120
+    while left := processes_with(f"/tmp/ray-{cancelled_job}-"):
+        assert time.monotonic() < deadline, left
+        time.sleep(1)
 
     again = run_hpo("launch", str(study_file), "--storage", fresh_database, timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr
