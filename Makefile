@@ -35,9 +35,16 @@ cluster-down:
 # a trial's sleep (with three, the cores idled a tenth of the run), and other workers run meanwhile.
 # The tests that start a local Ray run one after the other on one worker (an xdist group); those of
 # the fault cluster (deploy/local-cluster/faults.sh), whose daemons they stop, on another. Prints
-# the 20 slowest files and the run's time.
-test: lint cluster
-	$(VENV)/bin/pytest -n 4 --dist loadgroup
+# the 20 slowest files and the run's time. The lint runs beside the tests (its output printed at
+# the end, its failure failing the target): mypy is single-threaded, and before the tests it held
+# one core for most of a minute while the other idled.
+test: setup cluster
+	@mkdir -p test-artifacts; \
+	$(MAKE) --no-print-directory lint > test-artifacts/lint.log 2>&1 & linting=$$!; \
+	$(VENV)/bin/pytest -n 4 --dist loadgroup; tests=$$?; \
+	wait $$linting; linted=$$?; \
+	echo "lint (ruff, mypy) beside the tests: exit $$linted"; cat test-artifacts/lint.log; \
+	exit $$(( tests != 0 ? tests : linted ))
 
 # The layer below the cluster: the tests marked `fast` (pure functions, the schema, reference sbatch
 # files, recorded Slurm output, the docs, the import graph); under a minute, no cluster needed.
