@@ -224,8 +224,11 @@ def test_relaunch_after_the_launcher_stops_finishes_the_budget_exactly(
     stop: signal.Signals, tmp_path: Path, fresh_database: str
 ) -> None:
     name = f"resume-{uuid.uuid4().hex[:8]}"  # sacct below is queried by job name
-    # Trials of 18 s: long enough to outlive the stop and the relaunch on a busy machine.
-    document = stand_in_study(tmp_path, name, epochs=3, epoch_s=6.0, study={"n_trials": 6})
+    # Trials of 18 s: long enough to outlive the stop and the relaunch on a busy machine. None is
+    # pruned: a bad one pruned at its first epoch (6 s) could end before the relaunch looks.
+    document = stand_in_study(
+        tmp_path, name, epochs=3, epoch_s=6.0, study={"n_trials": 6, "pruner": {"name": "none"}}
+    )
     study_file = write_study(tmp_path / "study.yaml", document)
     launcher = launch_in_background(study_file, fresh_database, "--executor", "slurm")
     # Stop it once a trial has finished and another has just been submitted.
