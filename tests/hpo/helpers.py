@@ -241,14 +241,20 @@ def sacct_states(job_ids: list[str]) -> dict[str, str]:
     return dict(line.split("|", 1) for line in proc.stdout.splitlines() if line)
 
 
+UNFINISHED_SACCT_STATES = frozenset({"", "RUNNING", "PENDING", "COMPLETING", "REQUEUED"})
+"""A job's state in sacct before accounting has its end ("": not known yet)."""
+
+
 def final_sacct_states(job_ids: list[str], timeout: float = 60) -> dict[str, str]:
     """The jobs' states once accounting has recorded their end: slurmdbd learns it a moment after
     the job leaves squeue (seen: RUNNING in sacct with squeue already empty)."""
     deadline = time.monotonic() + timeout
     while True:
         states = sacct_states(job_ids)
-        unfinished = {"", "RUNNING", "PENDING", "COMPLETING", "REQUEUED"}
-        if not unfinished.intersection(states.get(j, "") for j in job_ids) or time.monotonic() > deadline:
+        if (
+            not UNFINISHED_SACCT_STATES.intersection(states.get(j, "") for j in job_ids)
+            or time.monotonic() > deadline
+        ):
             return states
         time.sleep(1)
 
@@ -345,17 +351,19 @@ def check_budget_met_once(document: dict[str, Any], storage: str, n_trials: int)
 def check_budget_counted_from_sacct(document: dict[str, Any], study_file: Path, storage: str) -> None:
     """What the study says it spent (`hpo status`, its study.budget line) is what sacct says its
     jobs used, within one trial's cost. Jobs that ran while slurmdbd was away reach sacct when
-    slurmctld sends their records, a moment after it is back (until then the study's line is its
-    own estimate, marked so): it is read once sacct has every trial's job."""
-    own = {str(t.user_attrs["job_id"]) for t in load_trials(document, storage) if "job_id" in t.user_attrs}
-    deadline = time.monotonic() + 120
-    while not own <= set(jobs := sacct_cpu_hours(document["study"]["name"])):
-        assert time.monotonic() < deadline, f"sacct does not know jobs {sorted(own - set(jobs))}"
-        time.sleep(1)
+    slurmctld sends their records, a moment after it is back: until then the study's line is its
+    own estimate (marked so), and a job whose end has not arrived is RUNNING in sacct with an
+    elapsed time that grows. Both are read once sacct has every trial's job ended."""
+    own = sorted(
+        {str(t.user_attrs["job_id"]) for t in load_trials(document, storage) if "job_id" in t.user_attrs}
+    )
+    states = final_sacct_states(own, timeout=120)
+    assert all(states.get(job, "") not in UNFINISHED_SACCT_STATES for job in own), states
     status = run_hpo("status", str(study_file), "--storage", storage)
     found = re.search(r"^budget: ([0-9.e-]+) of [0-9.]+ CPU-hours spent", status.stdout, re.M)
     assert status.returncode == 0 and found, status.stdout + status.stderr
     assert re.search(r"^cost: .*\[sacct\]$", status.stdout, re.M), status.stdout  # not the estimate
+    jobs = sacct_cpu_hours(document["study"]["name"])
     assert abs(float(found.group(1)) - sum(jobs.values())) <= max(jobs.values()), (found.group(0), jobs)
 
 
