@@ -16,6 +16,7 @@ workers that join it. What makes this work on shared nodes and shared filesystem
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -193,7 +194,7 @@ class _Start:
         self.proc = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
-        self.output: list[str] = []
+        self.output: collections.deque[str] = collections.deque(maxlen=50)  # a failure's last lines
         self.ready = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -201,10 +202,14 @@ class _Start:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:  # read to the end: a blocked pipe would stall Ray's start
-            if len(self.output) < 2000:
-                self.output.append(line)
+            self.output.append(line)
             if "Ray runtime started" in line:
                 self.ready.set()
+
+    def stop(self) -> None:
+        """End it at once (Ray's reaper then kills what it started) and reap it."""
+        self.proc.kill()
+        self.proc.wait()
 
     def ended(self) -> bool:
         """The command has exited and its output is all read."""
@@ -249,9 +254,11 @@ def _ray_start(
             deadline = time.monotonic() + RAY_START_TIMEOUT_S
             while not start.ready.wait(timeout=1) and not start.ended():
                 if give_up():
+                    start.stop()
                     _stop_ray(temp_dir, whole_job=False)
                     raise StudyEnded
                 if time.monotonic() > deadline:
+                    start.stop()
                     _stop_ray(temp_dir, whole_job=False)
                     raise RuntimeError(
                         f"ray start did not return within {RAY_START_TIMEOUT_S} s on {_node_name()}"
@@ -326,13 +333,23 @@ def _stop_ray(temp_dir: str, whole_job: bool = True) -> None:
                 own.append(int(entry.name))
         except OSError:
             continue
-    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):  # stopped means gone
         for pid in own:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + wait_s
-        while wait_s and time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in own):
+        while wait_s and time.monotonic() < deadline and any(_running(pid) for pid in own):
             time.sleep(0.2)
+
+
+def _running(pid: int) -> bool:
+    """The process exists and has not exited (`ray start --block` is our child: once it exits,
+    it stays a zombie until it is reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def _free_range(count: int, avoid: set[int]) -> int:
