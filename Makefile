@@ -12,11 +12,13 @@ setup: system-deps $(STAMP)
 system-deps:
 	@bash deploy/install-system-deps.sh
 
+# uv installs what pip would (the same versions from PyPI) in a tenth of the time: it downloads in
+# parallel and links from its cache rather than unpacking torch's 6 GB of CUDA wheels again. It
+# compiles the bytecode as pip does: with PYTHONDONTWRITEBYTECODE set, no import would write it.
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet uv
+	$(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode $(TORCH) -e '.[test]'
 	@touch $(STAMP)
 
 lint: setup
