@@ -1,5 +1,8 @@
 # Targets the README and CI call. Everything installs into .venv; system packages come from apt.
 VENV   ?= .venv
+# Where PYTHONDONTWRITEBYTECODE is set, each of the suite's thousands of Python processes (trials,
+# hpo commands, pytest's workers) would compile hpo/, trainer/ and pytest's rewritten tests again.
+unexport PYTHONDONTWRITEBYTECODE
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # torch is pinned where it is installed: a range that admits a newer release pulls several GB.
