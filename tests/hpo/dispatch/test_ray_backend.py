@@ -75,7 +75,7 @@ def _slurm_ray_document(name: str, folder: Path, workdir: Path) -> dict[str, Any
     return stand_in_study(folder, name, epoch_s=1.5, workdir=workdir, study=study, resources=resources)
 
 
-def test_ray_cluster_inside_one_slurm_job_spanning_both_nodes(
+def test_ray_cluster_inside_one_slurm_job_spanning_both_nodes_beside_a_second_ray_study(
     tmp_path: Path, fault_cluster: str, fresh_database: str
 ) -> None:
     name = f"ray-slurm-{uuid.uuid4().hex[:6]}"
@@ -87,6 +87,11 @@ def test_ray_cluster_inside_one_slurm_job_spanning_both_nodes(
     (tmp_path / "hold").touch()
     study_file = write_study(tmp_path / "study.yaml", document)
     launcher = launch_in_background(study_file, fresh_database)
+    # A second, short Ray study on the same two nodes meanwhile (its trials never hold): two Ray
+    # clusters side by side, each with its own ports, temp dir and study, neither clashing.
+    beside = _slurm_ray_document(f"ray-beside-{uuid.uuid4().hex[:6]}", tmp_path, tmp_path / "work-beside")
+    beside["study"].update(n_trials=2, enqueue=[GOOD])
+    beside_launcher = launch_in_background(write_study(tmp_path / "beside.yaml", beside), fresh_database)
     # While it runs: `hpo tunnel` names the head and the dashboard port, and the dashboard answers.
     deadline = time.monotonic() + 180
     while True:
@@ -106,6 +111,8 @@ def test_ray_cluster_inside_one_slurm_job_spanning_both_nodes(
     (tmp_path / "hold").unlink()
     output = launcher.communicate(timeout=600)[0]
     assert launcher.returncode == 0, output
+    beside_output = beside_launcher.communicate(timeout=600)[0]
+    assert beside_launcher.returncode == 0, beside_output
 
     trials = load_trials(document, fresh_database)
     states = [t.state.name for t in trials]
@@ -123,25 +130,11 @@ def test_ray_cluster_inside_one_slurm_job_spanning_both_nodes(
     assert proc.stdout.split() == [f"{job_id}|2"]
     status = run_hpo("status", str(study_file), "--storage", fresh_database)
     assert status.returncode == 0 and status.stdout.startswith(f"study {name}: 6 of 6 trials;"), status.stdout
-
-
-def test_two_ray_studies_on_the_same_nodes_at_once_do_not_clash(
-    tmp_path: Path, fault_cluster: str, fresh_database: str
-) -> None:
-    documents = [
-        _slurm_ray_document(f"ray-pair-{i}-{uuid.uuid4().hex[:6]}", tmp_path, tmp_path / f"work{i}")
-        for i in (0, 1)
-    ]
-    for document in documents:  # short trials: the point is two clusters side by side
-        document["study"].update(n_trials=2, enqueue=[GOOD])
-    files = [write_study(tmp_path / f"study{i}.yaml", d) for i, d in enumerate(documents)]
-    launchers = [launch_in_background(f, fresh_database) for f in files]
-    outputs = [launcher.communicate(timeout=600)[0] for launcher in launchers]
-    for launcher, output in zip(launchers, outputs, strict=True):
-        assert launcher.returncode == 0, output
-    for document in documents:
-        trials = load_trials(document, fresh_database)
-        assert len(trials) == 2 and all(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
+    # The second study: its own trials, in its own Ray job, none of the first's.
+    beside_trials = load_trials(beside, fresh_database)
+    assert len(beside_trials) == 2, [(t.number, t.state.name) for t in beside_trials]
+    assert all(t.state.name in ("COMPLETE", "PRUNED") for t in beside_trials)
+    assert {t.user_attrs["job_id"] for t in beside_trials}.isdisjoint({job_id})
 
 
 def test_relaunch_after_the_ray_job_is_cancelled_resumes_without_counting_a_trial_twice(

@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -224,11 +225,14 @@ def test_relaunch_after_the_launcher_stops_finishes_the_budget_exactly(
     stop: signal.Signals, tmp_path: Path, fresh_database: str
 ) -> None:
     name = f"resume-{uuid.uuid4().hex[:8]}"  # sacct below is queried by job name
-    # Trials of 18 s: long enough to outlive the stop and the relaunch on a busy machine. None is
-    # pruned: a bad one pruned at its first epoch (6 s) could end before the relaunch looks.
+    # Trials of 3 epochs of 3 s; the ones running when the launcher stops wait after their first
+    # epoch (the `hold` file) until the relaunch has re-attached one: on a busy machine, the stop
+    # and the relaunch's start can outlast any fixed trial length. None is pruned: a bad one pruned
+    # at its first epoch ends before its hold.
     document = stand_in_study(
-        tmp_path, name, epochs=3, epoch_s=6.0, study={"n_trials": 6, "pruner": {"name": "none"}}
+        tmp_path, name, epochs=3, epoch_s=3.0, hold_after=1, study={"n_trials": 6, "pruner": {"name": "none"}}
     )
+    hold = tmp_path / "hold"
     study_file = write_study(tmp_path / "study.yaml", document)
     launcher = launch_in_background(study_file, fresh_database, "--executor", "slurm")
     # Stop it once a trial has finished and another has just been submitted.
@@ -244,6 +248,7 @@ def test_relaunch_after_the_launcher_stops_finishes_the_budget_exactly(
             )
         ),
     )
+    hold.touch()
     launcher.send_signal(stop)
     output = launcher.communicate(timeout=60)[0]
     if stop == signal.SIGINT:
@@ -256,16 +261,23 @@ def test_relaunch_after_the_launcher_stops_finishes_the_budget_exactly(
     relaunched = time.monotonic()
     again = launch_in_background(study_file, fresh_database, "--executor", "slurm")
     assert again.stdout is not None
+    # A relaunch that never re-attaches must not wait on held trials forever: the hold ends anyway.
+    release = threading.Timer(300, lambda: hold.unlink(missing_ok=True))
+    release.start()
     first_lines = []
-    for line in again.stdout:  # until the first re-attached trial: the time to recover
-        first_lines.append(line)
-        if "re-attached" in line:
-            break
+    try:
+        for line in again.stdout:  # until the first re-attached trial: the time to recover
+            first_lines.append(line)
+            if "re-attached" in line:
+                break
+    finally:
+        hold.unlink(missing_ok=True)
+        release.cancel()
     recovered = time.monotonic() - relaunched
     output = "".join(first_lines) + again.communicate(timeout=900)[0]
     assert again.returncode == 0, output
     reattached = {int(n) for n in re.findall(r"trial (\d+) re-attached", output)}
-    assert reattached and reattached <= running_at_stop
+    assert reattached and reattached <= running_at_stop, (running_at_stop, output)
     check_budget_met_once(document, fresh_database, 6)
     fault_line(
         f"launcher stopped by {stop.name} mid-study, then relaunched",
