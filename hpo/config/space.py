@@ -41,6 +41,14 @@ class ParamSpec:
             for value in self.choices:
                 if not isinstance(value, str | int | float | bool) and value is not None:
                     raise KeyProblem("choices", f"values must be numbers, strings or booleans, got {value!r}")
+            # [32, 64, "128"]: a quoted number among numbers reaches the run as a string, and the
+            # choices cannot be ordered by value. null may stand beside one kind ("none" of it).
+            kinds = {_kind(value) for value in self.choices if value is not None}
+            if len(kinds) > 1:
+                raise KeyProblem(
+                    "choices",
+                    f"mixes {' and '.join(sorted(kinds))}: {self.choices!r}; give them all one type",
+                )
             return
         if self.choices is not None:
             raise KeyProblem("choices", f"applies to categorical parameters, not {self.type}")
@@ -62,6 +70,11 @@ class ParamSpec:
                 raise KeyProblem("step", f"must be > 0, got {self.step!r}")
             if self.log:
                 raise KeyProblem("step", "cannot be combined with log: true (Optuna does not support it)")
+            if self.step > self.high - self.low:  # only low could ever be drawn
+                raise KeyProblem(
+                    "step",
+                    f"{self.step!r} is wider than the range [{self.low!r}, {self.high!r}]: only low could be drawn",
+                )
         if self.power_of_two:
             if self.type != "int":
                 raise KeyProblem("power_of_two", "applies to int parameters only")
@@ -104,3 +117,10 @@ class ParamSpec:
     def powers_of_two(self) -> list[int]:
         low, high = int(self.low or 1), int(self.high or 1)
         return [2**k for k in range(int(math.log2(low)), int(math.log2(high)) + 1)]
+
+
+def _kind(value: Any) -> str:
+    """What a categorical choice is, as the study file's reader would say it."""
+    if isinstance(value, bool):
+        return "booleans"
+    return "strings" if isinstance(value, str) else "numbers"

@@ -36,6 +36,7 @@ from hpo import executors, record
 from hpo.config.user_code import render
 from hpo.paths import checkpoint_dir, private_dir, trial_dir
 from hpo.trial import client
+from hpo.trial.metric_lines import SUGGESTED_VALUE_GROUP, MetricPattern, Reading
 from hpo.trial.objective import ObjectiveFailed, ObjectiveResult, StepReport, StepReporter, stop_at
 from trainer.reporting import Decision
 
@@ -326,8 +327,16 @@ class _Reports:
         assert spec.objective is not None
         self.spec, self.reporter, self.stop_file = spec, reporter, stop_file
         objective = spec.objective
-        self.pattern = re.compile(objective.metric_pattern) if objective.metric_pattern else None
-        self.final_pattern = re.compile(objective.final_pattern) if objective.final_pattern else None
+        self.pattern = (
+            MetricPattern(objective.metric_pattern, "objective.metric_pattern")
+            if objective.metric_pattern
+            else None
+        )
+        self.final_pattern = (
+            MetricPattern(objective.final_pattern, "objective.final_pattern")
+            if objective.final_pattern
+            else None
+        )
         # Steps counted by matches go on from the trial's stored curve after a requeue.
         self.stored_steps = int(getattr(reporter, "last_epoch", 0) or 0)
         self.count = 0
@@ -345,15 +354,18 @@ class _Reports:
 
     def on_line(self, line: str) -> bool:
         """A line of the command's output; True when the study prunes the trial on it."""
-        if self.final_pattern and (found := self.final_pattern.search(line)):
-            self.final = _number(found.group("value"))
-        if self.pattern is None or self.stop_asked_at is not None or not (found := self.pattern.search(line)):
+        if self.final_pattern and (final := self.final_pattern.read(line)):
+            self.final = _number(final.value)
+            self._note(final)
+        if self.pattern is None or self.stop_asked_at is not None or not (reading := self.pattern.read(line)):
             return False
-        value = _number(found.group("value"))
+        found = reading.match
+        value = _number(reading.value)
         step = _step(found, self.stored_steps + self.count + 1)
         if value is None or step is None:
             return False
-        if len(self.pattern.findall(line)) > 1:
+        self._note(reading)
+        if self.pattern.count(line) > 1:
             self._warn(
                 "matches",
                 f"objective.metric_pattern matched this line more than once; the first match counts: {line.strip()[:200]!r}",
@@ -402,6 +414,12 @@ class _Reports:
         if stop:
             self.stop_file.touch()  # the other ranks stop too
         return stop
+
+    def _note(self, reading: Reading) -> None:
+        if reading.note is not None:
+            self._warn(
+                "whole", f"{reading.note}; a pattern such as {SUGGESTED_VALUE_GROUP!r} reads it as printed"
+            )
 
     def _warn(self, kind: str, text: str) -> None:
         """One line in the trial's log, the first time only: a report the study does not take."""

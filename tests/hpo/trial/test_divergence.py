@@ -50,11 +50,13 @@ for epoch in range(1, 5):
     print(f"epoch {epoch} metric {value}", flush=True)
 """
 PATTERN = r"^epoch (?P<step>\d+) metric (?P<value>\S+)$"
+# The value group a user copies from a tutorial: it matches neither "inf" nor "nan".
+NARROW_PATTERN = r"^epoch (?P<step>\d+) metric (?P<value>[0-9.]+)"
 DIVERGED_AT = {"after-good": 2, "only-nan": 1, "api": 3, "exits": 2}
 
 
 def _study(
-    tmp_path: Path, mode: str, direction: str, executor: str, **study: Any
+    tmp_path: Path, mode: str, direction: str, executor: str, pattern: str = PATTERN, **study: Any
 ) -> tuple[dict[str, Any], Path]:
     (tmp_path / "train.py").write_text(SCRIPT)
     document = score_study(
@@ -62,7 +64,7 @@ def _study(
         f"div-{uuid.uuid4().hex[:6]}",
         {
             "command": ["{python}", "train.py", "--x", "{x}", "--mode", mode],
-            **({} if mode == "api" else {"metric_pattern": PATTERN}),
+            **({} if mode == "api" else {"metric_pattern": pattern}),
             "steps": 4,
         },
         **{"n_trials": 3, "max_concurrent": 3, "max_retries": 1, "direction": direction, **study},
@@ -100,14 +102,27 @@ def _assert_diverged(document: dict[str, Any], mode: str, direction: str, proc: 
 
 
 @pytest.mark.parametrize(
-    ("mode", "direction"),
-    [("after-good", "minimize"), ("only-nan", "maximize"), ("api", "maximize"), ("exits", "minimize")],
+    ("mode", "direction", "pattern"),
+    [
+        ("after-good", "minimize", PATTERN),
+        ("only-nan", "maximize", PATTERN),
+        ("api", "maximize", PATTERN),
+        ("exits", "minimize", PATTERN),
+        # Its last good value would be the best: the inf and nan its value group misses count.
+        ("after-good", "maximize", NARROW_PATTERN),
+    ],
+    ids=["after-good", "only-nan", "api", "exits", "after-good-narrow-pattern"],
 )
 def test_a_diverging_trial_of_a_local_study_is_diverged_never_the_best(
-    tmp_path: Path, mode: str, direction: str
+    tmp_path: Path, mode: str, direction: str, pattern: str
 ) -> None:
-    document, study_file = _study(tmp_path, mode, direction, "local")
-    _assert_diverged(document, mode, direction, run_hpo("launch", str(study_file), timeout=300))
+    document, study_file = _study(tmp_path, mode, direction, "local", pattern)
+    proc = run_hpo("launch", str(study_file), timeout=300)
+    _assert_diverged(document, mode, direction, proc)
+    if pattern == NARROW_PATTERN:
+        trial = next(t for t in load_trials(document) if t.params["x"] == 1.9)
+        log = run_hpo("logs", str(study_file), str(trial.number))
+        assert "objective.metric_pattern's value group does not match 'inf'" in log.stdout, log.stdout
 
 
 @pytest.mark.slow
