@@ -20,6 +20,7 @@ WHOLE_NUMBER = r"[-+]?(?:(?i:nan|inf(?:inity)?)|(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-
 every one of them)."""
 
 _WHOLE = re.compile(WHOLE_NUMBER)
+_NON_FINITE = re.compile(r"(?i:nan|inf)")
 
 SUGGESTED_VALUE_GROUP = r"(?P<value>[-+.\w]+)"
 """A value group that reads what a program prints, as the shipped examples write it."""
@@ -39,8 +40,7 @@ class MetricPattern:
     def __init__(self, pattern: str, key: str) -> None:
         self.key = key
         self.pattern = re.compile(pattern)
-        widened = widen_value_group(pattern)
-        self.widened = re.compile(widened) if widened is not None else None
+        self.widened = _compiled(widen_value_group(pattern))
 
     def read(self, line: str) -> Reading | None:
         found = self.pattern.search(line)
@@ -56,7 +56,12 @@ class MetricPattern:
                     f"{self.key}'s value group read {text!r} of {whole.group()!r}: the whole number counts",
                 )
             return Reading(found, text)
-        if self.widened is None or (found := self.widened.search(line)) is None:
+        # Most lines match nothing: only one that prints nan or inf is searched again.
+        if (
+            self.widened is None
+            or not _NON_FINITE.search(line)
+            or (found := self.widened.search(line)) is None
+        ):
             return None
         value = found.group("value")
         if math.isfinite(float(value)):
@@ -100,3 +105,12 @@ def widen_value_group(pattern: str) -> str | None:
                 return f"{pattern[:start]}{opening}{WHOLE_NUMBER}){pattern[i + 1 :]}"
         i += 1
     return None
+
+
+def _compiled(pattern: str | None) -> re.Pattern[str] | None:
+    """None where the widened pattern does not compile (a numbered backreference past groups the
+    value group held): the user's pattern alone is then used."""
+    try:
+        return re.compile(pattern) if pattern is not None else None
+    except re.error:
+        return None

@@ -77,3 +77,11 @@ def test_the_suggested_group_reads_what_a_program_prints() -> None:
         reading = pattern.read(f"val {printed}")
         assert reading is not None and reading.note is None, printed
         assert float(reading.value) == float(printed) or math.isnan(float(printed))
+
+
+def test_a_pattern_whose_widened_form_cannot_compile_is_used_as_given() -> None:
+    # (\d) inside the value group is group 2; widened, the \2 after it would name no group.
+    pattern = MetricPattern(r"acc (?P<value>(\d)\.\d+) again \2", "k")
+    assert pattern.widened is None
+    reading = pattern.read("acc 5.25 again 5")
+    assert reading is not None and reading.value == "5.25"
