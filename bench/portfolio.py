@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hpo import portfolio as hpo_portfolio
-from hpo.portfolio import ROLES, Entry, position
+from hpo.portfolio import Entry, position, roles
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,8 @@ NEIGHBOURS = 3
 
 def entry_of(table: Table, params: dict[str, Any]) -> Entry:
     """A configuration of ``table`` as positions by role."""
-    return {ROLES[n]: position(p, params[n]) for n, p in table.params.items() if n in ROLES}
+    found = roles(table.params)
+    return {found[n]: position(p, params[n]) for n, p in table.params.items() if n in found}
 
 
 def params_for(table: Table, entry: Entry) -> dict[str, Any]:
@@ -60,11 +61,12 @@ def finals(table: Table) -> np.ndarray:
 
 def score(table: Table, entry: Entry) -> float:
     """The share of ``table``'s configurations whose final value the entry's matches or beats."""
-    names = [n for n in table.space if ROLES.get(n) in entry]
+    found = roles(table.space)
+    names = [n for n in table.space if found.get(n) in entry]
     if not names:
         return 0.5  # nothing in common: as good as a median draw
     recorded = table.points[:, [list(table.space).index(n) for n in names]]
-    distances = np.linalg.norm(recorded - np.array([entry[ROLES[n]] for n in names]), axis=1)
+    distances = np.linalg.norm(recorded - np.array([entry[found[n]] for n in names]), axis=1)
     values = finals(table)
     nearest = np.argsort(distances, kind="stable")[:NEIGHBOURS]
     predicted = float(np.mean(values[nearest])) if np.all(np.isfinite(values[nearest])) else -math.inf

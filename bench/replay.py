@@ -83,7 +83,7 @@ def _one(args: tuple[str, str, int, float, float, float, str, int]) -> dict[str,
         compute_budget=horizon,
         stop_when=done,
         restarts=name in RESTARTED,
-        enqueue=held_out_portfolio(table, spec.study.portfolio or 0),
+        enqueue=held_out_portfolio(table, spec.study.portfolio.size or 0),
     )
     progress = run.progress(maximize)
     to_target = next((c for c, v, _ in progress if (v >= target if maximize else v <= target)), math.inf)

@@ -57,7 +57,7 @@ def study_file(task: str, strategy: str, seed: int, trials: int) -> Path:
     table = Table.load(CURVES / task / "table.json")
     apply_strategy(study, STRATEGIES[strategy], seed, table.epochs)
     study.pop("enqueue", None)  # the hand-picked start is not part of a strategy
-    if size := strategy_spec(strategy, table, seed).study.portfolio:
+    if size := strategy_spec(strategy, table, seed).study.portfolio.size:
         # The portfolio the replay scores this task with, learned without it: the shipped one
         # was learned from this task too.
         study.update(enqueue=held_out_portfolio(table, size), portfolio=0)
@@ -103,7 +103,7 @@ def replayed(strategy: str, seeds: int, trials: int, table: Table, lookup: str) 
             spec,
             lookup=LOOKUPS[lookup],
             n_trials=trials,
-            enqueue=held_out_portfolio(table, spec.study.portfolio or 0),
+            enqueue=held_out_portfolio(table, spec.study.portfolio.size or 0),
         )
         best = max((t for t in run.trials if t.state == "COMPLETE"), key=lambda t: t.value or 0.0)
         out.append({"best": best.value, "test_accuracy_of_best": best.recorded.test_accuracy,

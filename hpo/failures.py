@@ -27,6 +27,14 @@ OTHER = "other"
 CLUSTER = "cluster"
 """A job the cluster ended (node lost, preemption, time limit, scancel) or a signal: never the
 study's set-up."""
+KILLED = "killed"
+"""The program was SIGKILLed by no one the service knows of: the kernel's OOM killer under a memory
+limit (a neighbour's memory, or a limit too small for any configuration), or a user's kill. Retried
+(the neighbour may be gone), and counted by fail fast like a crash: a study whose every trial is
+killed stops instead of spending its budget, and its retries, on them."""
+OUT_OF_MEMORY = "out of memory"
+"""A trial told INFEASIBLE because it ran out of GPU or host memory (``hpo.record.tell_infeasible``):
+the parameters' doing (a batch too large) or the set-up's (a limit too small for any of them)."""
 DIVERGED = "diverged"
 """The run's numbers turned NaN or infinite (the service's "diverged at step N", or the program's
 own "loss is nan"): the parameters' doing, so never retried with them and never the set-up's."""
@@ -35,7 +43,8 @@ own "loss is nan"): the parameters' doing, so never retried with them and never 
 @dataclasses.dataclass(frozen=True)
 class Failure:
     kind: str
-    """One of USAGE, NOT_FOUND, NO_METRIC, PROGRAM (all permanent), OTHER or CLUSTER."""
+    """One of USAGE, NOT_FOUND, NO_METRIC, PROGRAM (all permanent), OTHER, KILLED, OUT_OF_MEMORY,
+    CLUSTER or DIVERGED."""
     signature: str
     """The reason with its numbers (job ids, trial numbers, parameter values) blanked: equal for
     two trials that failed the same way."""
@@ -43,7 +52,7 @@ class Failure:
     @property
     def permanent(self) -> bool:
         """No rerun with the same parameters changes it: not retried."""
-        return self.kind not in (OTHER, CLUSTER)
+        return self.kind not in (OTHER, CLUSTER, KILLED, OUT_OF_MEMORY)
 
     @property
     def may_be_set_up(self) -> bool:
@@ -56,7 +65,7 @@ class Failure:
         metric line, or crashes, for some of them): fail fast then asks that the failed trials
         spread over the space (``hpo.budget.failing``). A usage error, a missing file or code that
         does not import fails whatever the parameters."""
-        return self.kind in (NO_METRIC, OTHER)
+        return self.kind in (NO_METRIC, OTHER, KILLED, OUT_OF_MEMORY)
 
 
 _COMMAND_EXIT = re.compile(r"^the command exited with status (?P<status>-?\d+)(?::\s*(?P<line>.*))?$")
@@ -102,7 +111,11 @@ def classify(reason: str) -> Failure:
         return Failure(NO_METRIC, "no metric reported")  # its last line varies with the run
     if reason.startswith("cannot run "):
         return Failure(NOT_FOUND, signature)
-    if _CLUSTER_STATES.match(reason) or "killed by SIG" in reason:
+    if _CLUSTER_STATES.match(reason):
+        return Failure(CLUSTER, signature)
+    if "killed by SIGKILL" in reason:
+        return Failure(KILLED, "killed by SIGKILL")  # its last output line varies with the run
+    if "killed by SIG" in reason:  # the scheduler's SIGTERM of a preemption or a cancel
         return Failure(CLUSTER, signature)
     exited = _COMMAND_EXIT.match(reason)
     if exited:  # the user's command, told by the trial process
@@ -136,7 +149,7 @@ def hint(kind: str, study_file: str, trial: int) -> str:
         "against the script's --help",
         NOT_FOUND: f"a program or file is missing where the trial ran: check objective.command and "
         f"objective.cwd in {study_file}, and the paths they name ({logs})",
-        NO_METRIC: f"objective.metric_pattern matched no line of the command's output: check it "
+        NO_METRIC: f"objective.metric_pattern read no number from the command's output: check it "
         f"against the trial's output (hpo logs {study_file} {trial}), or try it with hpo launch "
         f"{study_file} --check",
         PROGRAM: "the objective fails the same way whatever its parameters: run it once by hand in "

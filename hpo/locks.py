@@ -11,11 +11,12 @@ import fcntl
 import hashlib
 import time
 from pathlib import Path
-from typing import Any, Protocol
-
-import sqlalchemy
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hpo.paths import private_dir
+
+if TYPE_CHECKING:
+    import sqlalchemy  # imported where a database lock connects: a journal study needs none
 
 
 class Lock(Protocol):
@@ -77,6 +78,8 @@ class _SessionLock:
         self._engine: sqlalchemy.Engine | None = None
 
     def _connect(self) -> sqlalchemy.Connection:
+        import sqlalchemy
+
         if self._engine is None:
             self._engine = sqlalchemy.create_engine(
                 self.url, poolclass=sqlalchemy.pool.NullPool, connect_args=self.connect_args
@@ -104,10 +107,12 @@ class _SessionLock:
     def still_held(self) -> bool:
         if self._connection is None:
             return True  # not taken: nothing to lose
+        from sqlalchemy.exc import DBAPIError
+
         try:
             self._connection.exec_driver_sql("SELECT 1")
             return True
-        except sqlalchemy.exc.DBAPIError:
+        except DBAPIError:
             with contextlib.suppress(Exception):
                 self._connection.close()
             self._connection = None

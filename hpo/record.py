@@ -76,6 +76,9 @@ ATTR_RESUMED_FROM_EPOCH = "resumed_from_epoch"
 # How it ended, and whether it counts.
 ATTR_FAIL_REASON = "fail_reason"
 ATTR_INFEASIBLE = "infeasible"
+ATTR_STATE = "end_state"
+"""The trial's end state where Optuna's differs from the service's (``shown_state``): a user
+attribute, so that optuna-dashboard shows DIVERGED and INFEASIBLE too."""
 """Set on a trial that ran out of memory (see tell_infeasible)."""
 ATTR_DIVERGED_AT = "diverged_at_step"
 """The step at which a diverged trial's metric turned NaN or infinite (see tell_diverged)."""
@@ -84,6 +87,9 @@ ATTR_SURPLUS = "surplus"
 ATTR_NOT_RUN = "not_run"
 """Set on a trial closed before its job was submitted (a submission that failed, a launcher stopped
 between ask and submit, a cancel in between): FAIL with its reason, not counted, not retried."""
+ATTR_RERUN_OF = "rerun_of"
+"""On an enqueued configuration queued again because a set-up mistake failed its trial (the trial's
+number): see ``hpo.requeue.rerun_set_up_failures``."""
 ATTR_RETRY_OF = "retry_of"
 """The number of the failed trial a retry repeats."""
 ATTR_IMPORTED_FROM = "imported_from"
@@ -149,7 +155,7 @@ REASON_DIVERGED = failures.REASON_DIVERGED
 
 # Failures that a retry cannot help: the user stopped the study; the job's time limit is too
 # short for an epoch; the launch stopped because its first trials failed the same way.
-_NOT_RETRIED_PREFIXES = (REASON_CANCELLED, REASON_NO_PROGRESS, REASON_STOPPED_FAILING)
+NOT_RETRIED_PREFIXES = (REASON_CANCELLED, REASON_NO_PROGRESS, REASON_STOPPED_FAILING)
 
 
 def now_iso() -> str:
@@ -298,6 +304,18 @@ def close_not_run(
     study.tell(number, state=optuna.trial.TrialState.FAIL)
 
 
+def close_waiting_not_run(study: optuna.Study, trial: optuna.trial.FrozenTrial, reason: str) -> None:
+    """Fail a WAITING trial unrun; the budget does not count it. Optuna tells no WAITING trial: its
+    state is set in the storage, unless a launcher took it meanwhile (then it runs: harmless)."""
+    storage, found = study._storage, trial_id(trial)
+    if storage.get_trial(found).state != optuna.trial.TrialState.WAITING:
+        return
+    storage.set_trial_user_attr(found, ATTR_NOT_RUN, True)
+    storage.set_trial_user_attr(found, ATTR_FAIL_REASON, reason)
+    with unless_told_meanwhile():
+        storage.set_trial_state_values(found, optuna.trial.TrialState.FAIL)
+
+
 def worst_value(direction: str | None) -> float:
     """The value an infeasible trial is told with: below any accuracy, above any loss."""
     return 0.0 if direction == "maximize" else math.inf
@@ -316,6 +334,7 @@ def tell_infeasible(
     live.set_constraint(CONSTRAINT_MEMORY, 1.0)
     live.set_user_attr(ATTR_FAIL_REASON, reason)
     live.set_user_attr(ATTR_INFEASIBLE, True)
+    live.set_user_attr(ATTR_STATE, "INFEASIBLE")  # optuna-dashboard shows COMPLETE
     study.tell(number, [worst_value(direction) for direction in directions])
 
 
@@ -334,6 +353,7 @@ def tell_diverged(
     number, found = _ids(study, trial)
     study._storage.set_trial_user_attr(found, ATTR_FAIL_REASON, reason)
     study._storage.set_trial_user_attr(found, ATTR_DIVERGED_AT, step)
+    study._storage.set_trial_user_attr(found, ATTR_STATE, "DIVERGED")  # optuna-dashboard shows PRUNED
     study.tell(number, state=DIVERGED_STATE)
 
 
@@ -341,84 +361,21 @@ def is_diverged(trial: optuna.trial.FrozenTrial) -> bool:
     return ATTR_DIVERGED_AT in trial.user_attrs
 
 
+END_STATES = ("COMPLETE", "PRUNED", "DIVERGED", "INFEASIBLE", "FAIL")
+"""The one vocabulary of a finished trial's state, in every view (status, studies, the launcher's
+lines, the report, the trial's ``state`` user attribute in optuna-dashboard)."""
+
+
 def shown_state(trial: optuna.trial.FrozenTrial) -> str:
-    """The trial's state as ``hpo status``, the progress line and the report count it: Optuna's,
-    or DIVERGED (a non-finite metric), which Optuna stores as DIVERGED_STATE."""
-    return "DIVERGED" if is_diverged(trial) else trial.state.name
+    """The trial's state as every view names it: Optuna's, or DIVERGED (a non-finite metric,
+    stored as DIVERGED_STATE), or INFEASIBLE (out of memory, stored COMPLETE with worst values)."""
+    if is_diverged(trial):
+        return "DIVERGED"
+    return "INFEASIBLE" if _infeasible(trial) else trial.state.name
 
 
 def retry_history(trial: optuna.trial.FrozenTrial) -> list[int]:
     return list(trial.system_attrs.get(SYSTEM_ATTR_RETRY_HISTORY, []))
-
-
-def queue_retries(study: optuna.Study, max_retries: int) -> list[int]:
-    """Queue a retry of every FAIL trial that has none yet and has retries left; returns the
-    numbers of the trials retried."""
-
-    trials = study.get_trials(deepcopy=False)
-    _close_hopeless_retries(study, trials)
-    already = retried_numbers(trials)
-    cancelled_at = study_record.cancel_requested_at(study)
-    retried = []
-    for trial in trials:
-        if trial.state != optuna.trial.TrialState.FAIL or trial.number in already:
-            continue
-        ended = trial.datetime_complete
-        if cancelled_at and (ended is None or ended.timestamp() >= cancelled_at):
-            # Failed once hpo cancel had begun: its job was most likely the cancel's scancel, seen
-            # by the launcher before the cancel wrote its reason. A cancel is final.
-            continue
-        if trial.user_attrs.get(ATTR_SURPLUS) or trial.user_attrs.get(ATTR_NOT_RUN) or not trial.params:
-            continue  # closed unrun, or failed before it had parameters: nothing to repeat
-        reason = str(trial.user_attrs.get(ATTR_FAIL_REASON, ""))
-        if reason.startswith(_NOT_RETRIED_PREFIXES) or failures.classify(reason).permanent:
-            continue  # no rerun can change it (hpo.failures)
-        history = [*retry_history(trial), trial.number]
-        if len(history) > max_retries:
-            continue
-        study.add_trial(
-            optuna.trial.create_trial(
-                state=optuna.trial.TrialState.WAITING,
-                params=dict(trial.params),
-                distributions=dict(trial.distributions),
-                user_attrs={
-                    ATTR_RETRY_OF: trial.number,
-                    # A multi-objective trial's curve, as intermediate values are for the others.
-                    **(
-                        {ATTR_EPOCH_VALUES: trial.user_attrs[ATTR_EPOCH_VALUES]}
-                        if ATTR_EPOCH_VALUES in trial.user_attrs
-                        else {}
-                    ),
-                },
-                system_attrs={SYSTEM_ATTR_FAILED_TRIAL: history[0], SYSTEM_ATTR_RETRY_HISTORY: history},
-                intermediate_values=dict(trial.intermediate_values),
-            )
-        )
-        retried.append(trial.number)
-    return retried
-
-
-def _close_hopeless_retries(study: optuna.Study, trials: Sequence[optuna.trial.FrozenTrial]) -> None:
-    """Close the queued retries of failures that no rerun changes (a retry queued before its
-    failure was known as such, by an earlier launch): a relaunch does not run them first."""
-    reasons = {t.number: str(t.user_attrs.get(ATTR_FAIL_REASON, "")) for t in trials}
-    for trial in trials:
-        history = retry_history(trial)
-        if trial.state != optuna.trial.TrialState.WAITING or not history:
-            continue
-        reason = reasons.get(history[-1], "")
-        if reason and failures.classify(reason).permanent:
-            # Optuna tells no WAITING trial: its state is set in the storage, unless a launcher
-            # took it meanwhile (then it runs: a harmless rerun).
-            storage, found = study._storage, trial_id(trial)
-            if storage.get_trial(found).state != optuna.trial.TrialState.WAITING:
-                continue
-            storage.set_trial_user_attr(found, ATTR_NOT_RUN, True)
-            storage.set_trial_user_attr(
-                found, ATTR_FAIL_REASON, f"not run: retry of trial {history[-1]}, which no rerun changes"
-            )
-            with unless_told_meanwhile():
-                storage.set_trial_state_values(found, optuna.trial.TrialState.FAIL)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -594,6 +551,24 @@ def pareto_front(study: optuna.Study, spec: StudySpec) -> list[optuna.trial.Froz
         key=lambda t: t.values[0],
         reverse=spec.study.direction == "maximize",
     )
+
+
+def elapsed_s(trial: optuna.trial.FrozenTrial) -> float | None:
+    """The trial's own run time: as it stored it, else Optuna's start-to-end."""
+    elapsed = trial.user_attrs.get(ATTR_ELAPSED_S)
+    if elapsed is None and trial.duration is not None:
+        return trial.duration.total_seconds()
+    return None if elapsed is None else float(elapsed)
+
+
+def format_value(value: float | None) -> str:
+    """A metric as every view shows it: the shortest text that reads back as the stored float, so
+    that two different values never look alike (2.6e-05 and 2.3e-05 are not both 0.0000) and one
+    value looks the same in every view; "-" for none."""
+    if value is None:
+        return "-"
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
 
 
 def format_params(params: dict[str, Any]) -> str:

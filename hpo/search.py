@@ -11,12 +11,14 @@ import contextlib
 import dataclasses
 import inspect
 import json
+import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import FrozenTrial, TrialState
 
 from hpo import record, study_record
 from hpo.config import RAY_ONLY_PRUNERS
@@ -75,6 +77,135 @@ def build_sampler(
     return _construct(classes[sampler.name], {**options, "seed": seed}, f"{source}: study.sampler.options")
 
 
+def sampler_for(spec: StudySpec, seed_stream: int = 0) -> optuna.samplers.BaseSampler:
+    """The study's sampler (``build_sampler``) proposing no near-copy of a trial the study holds."""
+    inner = build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source, seed_stream)
+    return DistinctProposals(inner, distributions(spec))
+
+
+NEAR_COPY = 0.01
+"""Two proposals closer than this in every parameter's position in its range (log-scaled where the
+range is; categoricals equal) are one configuration tried twice."""
+
+
+class DistinctProposals(optuna.samplers.BaseSampler):
+    """A sampler that draws a trial's parameters again (up to ``attempts`` times) when they would be
+    a near-copy of a trial the study already holds, waiting ones included. A seeded sampler's first
+    random draws can be exactly a configuration enqueued before it: the starting portfolio's first
+    entry was a recorded study's first draw of seed 0, and a default study, seed 0 too, drew it
+    again after the portfolio. The whole trial is drawn at its start (the study's distributions as
+    the relative space), parameter by parameter as the inner sampler would, so a proposal that is
+    no copy is exactly the inner sampler's."""
+
+    def __init__(
+        self, inner: optuna.samplers.BaseSampler, space: dict[str, BaseDistribution], attempts: int = 16
+    ) -> None:
+        self.inner, self.space, self.attempts = inner, space, attempts
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return dict(self.space)
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        # An enqueued trial's fixed parameters, and a retry's (all of them), are not drawn.
+        fixed = {**(trial.system_attrs.get("fixed_params") or {}), **trial.params}
+        wanted = {n: d for n, d in search_space.items() if n not in fixed}
+        if not wanted:
+            return {}
+        others = [t for t in study.get_trials(deepcopy=False) if t.number != trial.number]
+        started = [t for t in others if t.state != TrialState.WAITING]
+        if len(started) == 1 and wanted.keys() <= started[0].params.keys():
+            # A study's second trial lies half the space away from its first in every dimension
+            # drawn: if both fail the same way, the parameters cannot explain it, and fail fast
+            # stops after these 2 (``hpo.budget.failing.confined``), not 3 or 4.
+            contrast = _contrast({n: started[0].params[n] for n in wanted}, wanted)
+            if not any(_near_copy({**fixed, **contrast}, t.params, self.space) for t in others):
+                return contrast
+        params: dict[str, Any] = {}
+        for _ in range(self.attempts):
+            relative_space = self.inner.infer_relative_search_space(study, trial)
+            params = {
+                n: v
+                for n, v in self.inner.sample_relative(study, trial, relative_space).items()
+                if n in wanted
+            }
+            for name, distribution in wanted.items():
+                if name not in params:
+                    params[name] = self.inner.sample_independent(study, trial, name, distribution)
+            if not any(_near_copy({**fixed, **params}, t.params, self.space) for t in others):
+                break
+        return params
+
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        return self.inner.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.inner.before_trial(study, trial)
+
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
+        self.inner.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.inner.reseed_rng()
+
+
+def _contrast(params: Mapping[str, Any], space: Mapping[str, BaseDistribution]) -> dict[str, Any]:
+    """The point half the range away from ``params`` in each dimension (wrapping round; log-scaled
+    where the range is): no two such points lie both in the lowest or both in the highest third of
+    any dimension. A categorical's choices are shifted by half their number (by value for numbers)."""
+    contrast: dict[str, Any] = {}
+    for name, value in params.items():
+        distribution = space[name]
+        if isinstance(distribution, CategoricalDistribution):
+            choices = list(distribution.choices)
+            numbers = all(isinstance(c, int | float) and not isinstance(c, bool) for c in choices)
+            ordered = (
+                sorted(choices, key=lambda c: float(c) if isinstance(c, int | float) else 0.0)
+                if numbers
+                else choices
+            )
+            at = ordered.index(value) if value in ordered else 0
+            contrast[name] = ordered[(at + (len(ordered) + 1) // 2) % len(ordered)]
+            continue
+        assert isinstance(distribution, FloatDistribution | IntDistribution)
+        low, high, x = float(distribution.low), float(distribution.high), float(value)
+        scale: Callable[[float], float] = math.log if distribution.log else float
+        unscale: Callable[[float], float] = math.exp if distribution.log else float
+        a, b = scale(low), scale(high)
+        where = ((scale(x) - a) / (b - a) + 0.5) % 1.0 if b > a else 0.0
+        y = unscale(a + where * (b - a))
+        if distribution.step is not None:  # Optuna holds only low + k * step
+            y = low + round((y - low) / float(distribution.step)) * float(distribution.step)
+        y = min(high, max(low, y))
+        contrast[name] = round(y) if isinstance(distribution, IntDistribution) else y
+    return contrast
+
+
+def _near_copy(
+    params: Mapping[str, Any], other: Mapping[str, Any], space: Mapping[str, BaseDistribution]
+) -> bool:
+    if set(params) != set(other):
+        return False
+    for name, value in params.items():
+        distribution = space.get(name)
+        if isinstance(distribution, FloatDistribution | IntDistribution):
+            low, high, a, b = (float(x) for x in (distribution.low, distribution.high, value, other[name]))
+            if distribution.log:
+                low, high, a, b = (math.log(x) for x in (low, high, a, b))
+            if high > low and abs(a - b) / (high - low) >= NEAR_COPY:
+                return False
+        elif value != other[name]:
+            return False
+    return True
+
+
 def build_pruner(pruner: PrunerSpec, source: str, imported: int = 0) -> optuna.pruners.BasePruner:
     """``imported``: trials a warm start added. They count as COMPLETE trials for the median and
     percentile pruners' ``n_startup_trials`` but have no epochs to compare; the start-up is
@@ -121,7 +252,7 @@ def validate_optuna_settings(spec: StudySpec) -> None:
 def load(spec: StudySpec, storage: BaseStorage, *, create: bool) -> optuna.Study:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source)
+    sampler = sampler_for(spec)
     # A study driven by a Ray-only scheduler is still read (hpo status, hpo best) through Optuna.
     ray_only = spec.study.pruner.name in RAY_ONLY_PRUNERS
     pruner = optuna.pruners.NopPruner() if ray_only else build_pruner(spec.study.pruner, spec.source)
@@ -158,7 +289,7 @@ def with_own_startup(spec: StudySpec, study: optuna.Study) -> optuna.Study:
 
 
 def reseed_sampler(study: optuna.Study, spec: StudySpec, seed_stream: int) -> None:
-    study.sampler = build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source, seed_stream)
+    study.sampler = sampler_for(spec, seed_stream)
 
 
 def directions(spec: StudySpec) -> list[str]:

@@ -17,6 +17,7 @@ import importlib.util
 import os
 import random
 import re
+import sys
 import time
 import types
 from collections.abc import Callable, Container, Sequence
@@ -27,30 +28,23 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.storages import BaseStorage
-from optuna.storages._rdb import storage as _rdb_storage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import (
-    ArgumentError,
-    DBAPIError,
-    IntegrityError,
-    InterfaceError,
-    OperationalError,
-    PendingRollbackError,
-    ProgrammingError,
-    ResourceClosedError,
-)
 
 from hpo import locks
 from hpo.errors import NotReadyError, StudyFileError, one_line
 from hpo.journal import SafeJournalBackend, cannot_write, repair
 from hpo.paths import NOT_WRITABLE, denied, private_dir
+from hpo.rdb import rdb_storage_class
 
 T = TypeVar("T")
 
+# SQLAlchemy (and Optuna's RDB storage, which imports it) is imported where a database URL is
+# handled: a fifth of a second of CPU that every process of a journal study (each trial's job, each
+# `hpo` command) would otherwise spend for nothing.
 if TYPE_CHECKING:
     from optuna.study._frozen import FrozenStudy  # Optuna exports no public name for it
+    from sqlalchemy.engine import URL
 
     from hpo.config import StudySpec
 
@@ -97,13 +91,19 @@ class StorageRef:
         """The study's launcher lock (``hpo.dispatch.lease``), the storage's own: ``flock`` on a
         file beside the journal or SQLite file, else the database server's session lock."""
         if self.kind == "journal" or self.target.startswith("sqlite"):
-            base = Path(self.target if self.kind == "journal" else str(make_url(self.target).database))
+            base = Path(self.target if self.kind == "journal" else _sqlite_file(self.target))
             digest = hashlib.sha256(study_name.encode()).hexdigest()[:12]
             return locks.FileLock(base.with_name(f"{base.name}.launcher-{digest}.lock"), holder)
         key = f"hpo-launcher:{study_name}"
         if self.target.startswith("postgresql"):
             return locks.AdvisoryLock(self.target, key, holder)
         return locks.NamedLock(self.target, key, holder)
+
+
+def _sqlite_file(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return str(make_url(url).database)
 
 
 def journal_file(setting: str | None) -> Path | None:
@@ -137,6 +137,9 @@ def resolve_url(url: str, source: str) -> StorageRef:
         if not path:
             raise StudyFileError(f"{source}: study.storage: journal: needs a file path, got {url!r}")
         return StorageRef("journal", str(Path(path).expanduser().absolute()))
+
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
     try:
         parsed = make_url(url)
@@ -210,6 +213,8 @@ def has_password(url: str) -> bool:
     """Whether a URL carries a password, as ``user:password@`` or ``?password=``."""
     if url.startswith(JOURNAL_PREFIX):
         return False
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
     try:
         return _url_password(make_url(url)) is not None
@@ -225,6 +230,8 @@ def mask(url: str) -> str:
     """The URL with any password, in either form, replaced by ``***``."""
     if url.startswith(JOURNAL_PREFIX):
         return url
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
     try:
         parsed = make_url(url)
@@ -274,48 +281,6 @@ def _open_journal(path: Path, *, create: bool, log: Callable[[str], None]) -> Ba
         return optuna.storages.JournalStorage(SafeJournalBackend(str(path)))
 
 
-class _VersionManagerOnDemand(_rdb_storage._VersionManager):
-    """Optuna's schema-version manager, set up when first asked. Optuna's RDBStorage builds one on
-    every open, and so imports alembic (with mako and pygments) and queries two version tables,
-    even with ``skip_compatibility_check``: a fifth of a second of CPU, and two round trips, in
-    every trial job and every ``hpo`` command on PostgreSQL. Only the opens that create the schema
-    (or check it, or upgrade it) ask it anything, and then it is set up as Optuna's own."""
-
-    def __init__(self, url: str, engine: Any, scoped_session: Any) -> None:  # Optuna's arguments
-        self.url, self.engine, self.scoped_session = url, engine, scoped_session
-        self._set_up = False
-
-    def _ready(self) -> None:
-        if not self._set_up:
-            self._set_up = True
-            self._init_version_info_model()
-            self._init_alembic()
-
-    def check_table_schema_compatibility(self) -> None:
-        self._ready()
-        super().check_table_schema_compatibility()
-
-    def get_current_version(self) -> str:
-        self._ready()
-        return super().get_current_version()
-
-    def get_head_version(self) -> str:
-        self._ready()
-        return super().get_head_version()
-
-    def get_all_versions(self) -> list[str]:
-        self._ready()
-        return super().get_all_versions()
-
-    def upgrade(self) -> None:
-        self._ready()
-        super().upgrade()
-
-
-# RDBStorage looks the class up in its module when it opens (and when it is unpickled in a job).
-_rdb_storage._VersionManager = _VersionManagerOnDemand  # type: ignore[misc]
-
-
 def _open_rdb(ref: StorageRef, *, create: bool) -> optuna.storages.RDBStorage:
     engine_kwargs: dict[str, object] = {"pool_pre_ping": True}
     if not ref.target.startswith("sqlite"):
@@ -326,7 +291,7 @@ def _open_rdb(ref: StorageRef, *, create: bool) -> optuna.storages.RDBStorage:
         engine_kwargs.update(pool_size=1, max_overflow=2, pool_recycle=3600)
         if ref.target.startswith("postgresql"):
             engine_kwargs["connect_args"] = {"connect_timeout": 10}
-    storage = optuna.storages.RDBStorage(
+    storage = rdb_storage_class()(
         ref.target,
         engine_kwargs=engine_kwargs,
         skip_table_creation=not create,
@@ -345,6 +310,8 @@ def _create_schema_with_retries(ref: StorageRef, attempts: int = 8) -> optuna.st
     """Processes creating the schema of a fresh database at once: one's CREATE TABLE, or its insert
     of the schema version (which Optuna wraps in StorageInternalError), fails on another's; a retry
     then finds them and goes on. The random wait spreads the retries of a crowd."""
+
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     for attempt in range(attempts):
         try:
@@ -387,23 +354,32 @@ def is_transient(err: BaseException) -> bool:
 
     if isinstance(err, DatabaseUnreachable):
         return False  # waited for already, as long as the policy allows
+    exc = _sqlalchemy_exc()
+    if exc is None:
+        return False  # no database was ever opened in this process
     seen: set[int] = set()
     found = False
     cause: BaseException | None = err
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
-        if isinstance(cause, DBAPIError):
+        if isinstance(cause, exc.DBAPIError):
             if any(marker in str(cause.orig).lower() for marker in _PERMANENT):
                 return False  # the server answers, and says no: waiting will not change it
             found = (
                 found
-                or isinstance(cause, OperationalError | InterfaceError)
+                or isinstance(cause, exc.OperationalError | exc.InterfaceError)
                 or bool(cause.connection_invalidated)
             )
-        elif isinstance(cause, PendingRollbackError | ResourceClosedError):
+        elif isinstance(cause, exc.PendingRollbackError | exc.ResourceClosedError):
             found = True  # the session outlived its connection
         cause = cause.__cause__ or cause.__context__
     return found
+
+
+def _sqlalchemy_exc() -> types.ModuleType | None:
+    """SQLAlchemy's exceptions if it is loaded: a process that has not imported it has no
+    database error to tell apart."""
+    return sys.modules.get("sqlalchemy.exc")
 
 
 # Connection errors that a restart does not cure (libpq's wording).
@@ -413,9 +389,10 @@ _PERMANENT = ("does not exist", "authentication failed", "no password supplied",
 def driver_line(err: BaseException) -> str:
     """The database driver's own line for an error, under Optuna's and SQLAlchemy's wrappers
     (Optuna's says "invalid data in the commit" whatever the cause)."""
+    exc = _sqlalchemy_exc()
     cause: BaseException | None = err
-    while cause is not None:
-        if isinstance(cause, DBAPIError):
+    while cause is not None and exc is not None:
+        if isinstance(cause, exc.DBAPIError):
             return one_line(cause.orig or cause, name=False)
         cause = cause.__cause__ or cause.__context__
     return one_line(err, name=False)
@@ -481,12 +458,21 @@ class OutageTolerantStorage(BaseStorage):
         state = self.__dict__.copy()
         if isinstance(self.log, types.BuiltinFunctionType):
             state["log"] = None
+        # The database storage travels as the state Optuna pickles of it (its URL and engine
+        # settings) and is opened again through rdb_storage_class: unpickled as an RDBStorage,
+        # it would open before anything in the process replaced Optuna's version manager.
+        state["_inner"] = self._inner._backend.__getstate__()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        inner_state = state.pop("_inner")
         self.__dict__.update(state)
         if self.log is None:
             self.log = print
+        rdb_class = rdb_storage_class()
+        inner = rdb_class.__new__(rdb_class)
+        inner.__setstate__(inner_state)
+        self._inner = optuna.storages._CachedStorage(inner)
 
     def _call(self, what: str, call: Callable[[], T]) -> T:
         return with_retries(call, what, self.log, self.tolerance_s, self._where)

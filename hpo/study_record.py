@@ -7,6 +7,7 @@ Trial attributes, and Optuna's private storage API, are ``hpo.record``'s.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -24,6 +25,10 @@ STUDY_ATTR_CANCEL_REQUESTED_AT = "hpo_cancel_requested_at"
 """When `hpo cancel` last ran (unix time): launchers and workers started before it take no trial."""
 STUDY_ATTR_CANCEL_SEEN_AT = "hpo_cancel_seen_at"
 """The cancel request a launcher has seen and obeys: it submits nothing more."""
+STUDY_ATTR_CANCEL_ENDED_AT = "hpo_cancel_ended_at"
+"""The cancel request whose `hpo cancel` has returned: until then no launch starts on the study."""
+CANCEL_STALE_S = 900.0
+"""A cancel request older than this no longer holds launches back (its `hpo cancel` was killed)."""
 STUDY_ATTR_RAY_JOB = "hpo_ray_job"
 """The Slurm job id of a Ray-backed study's latest allocation."""
 STUDY_ATTR_RAY_JOBS = "hpo_ray_jobs"
@@ -53,6 +58,18 @@ def request_cancel(study: optuna.Study, at_unix: float) -> None:
 
 def acknowledge_cancel(study: optuna.Study, requested_at: float) -> None:
     study.set_user_attr(STUDY_ATTR_CANCEL_SEEN_AT, requested_at)
+
+
+def end_cancel(study: optuna.Study, requested_at: float) -> None:
+    study.set_user_attr(STUDY_ATTR_CANCEL_ENDED_AT, requested_at)
+
+
+def cancel_under_way(study: optuna.Study) -> float:
+    """The request time of an `hpo cancel` that has not returned yet; 0 if none. A launch then
+    would run beside it: it is refused, and one already running obeys it whenever it began."""
+    requested = cancel_requested_at(study)
+    ended = float(study.user_attrs.get(STUDY_ATTR_CANCEL_ENDED_AT, 0.0))
+    return requested if requested > ended and time.time() - requested < CANCEL_STALE_S else 0.0
 
 
 def cancel_seen_at(study: optuna.Study) -> float:

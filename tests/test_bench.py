@@ -59,3 +59,14 @@ def test_the_doc_is_rewritten_from_the_committed_results_with_each_target(tmp_pa
     # retrain, the replayed default's two over every task and two over the held-out ones
     assert len(rows) == 17, rows
     assert all(row.rstrip(" |").endswith(("met", "**missed**", "stated")) for row in rows), rows
+
+
+def test_the_fail_fast_bench_measures_a_cell_and_tabulates_it(tmp_path: Path) -> None:
+    """One cell of bench/fail_fast.py (a flag the script does not know, local processes, seed 1):
+    what it counts is what the table in docs/faults.md reports."""
+    from bench import fail_fast
+
+    cell = fail_fast.run_cell(tmp_path, "flag", "local", False, 1)
+    assert (cell.runs, cell.failed, cell.exit) == (2, 2, 1), cell
+    row = fail_fast.table([cell]).splitlines()[-1]
+    assert row == "| flag | local | 0 | 1 | 2, 2 (2: 1) | 2, 2 | 1 of 1 |", row

@@ -363,3 +363,80 @@ def test_the_allow_lists_name_commands_of_the_docs() -> None:
     studies = {str(a) for c in HPO_COMMANDS for a in c.argv}
     assert set(PARSE_ONLY) <= texts, set(PARSE_ONLY) - texts
     assert set(PLACEHOLDER_STUDIES) <= studies, set(PLACEHOLDER_STUDIES) - studies
+
+
+# --- the statements that have a source: checked against it --------------------------------------
+def flat_text(path: Path) -> str:
+    """A page's text with its line breaks and runs of spaces as one space."""
+    return " ".join(path.read_text().split())
+
+
+def test_the_readme_gives_the_recorded_gpu_check() -> None:
+    import json
+
+    recorded = json.loads((REPO / "bench" / "results" / "gpu.json").read_text())
+    checks = {c["name"]: c for c in recorded["checks"]}
+    bf16, fp16 = (checks[f"resnet50-{kind}"]["figures"] for kind in ("bf16", "fp16"))
+    # The images/s as the check printed them.
+    shown = {
+        kind: re.search(r"trainer ([\d,]+) images/s", checks[f"resnet50-{kind}"]["line"]).group(1)
+        for kind in ("bf16", "fp16")
+    }  # type: ignore[union-attr]
+    packing = checks["packing"]["figures"]["against_k1"]
+    text = flat_text(README)
+    ok = sum(c["ok"] for c in recorded["checks"])
+    for figure in (
+        f"one {recorded['machine']['gpus'][0]}",
+        f"passed {ok} of {len(recorded['checks'])} checks in {recorded['seconds']:.0f} s",
+        f"ResNet-50 at {shown['bf16']} images/s in bf16 and {shown['fp16']} in fp16",
+        f"{bf16['trainer_over_bare']:.3f}x and {fp16['trainer_over_bare']:.3f}x a bare training loop",
+        f"{bf16['against_published']['NVIDIA DLE, A100, AMP']:.2f}x NVIDIA's published A100 figure",
+        f"two trials per GPU gave {packing['2']:.2f}x the trials per GPU-hour and four {packing['4']:.2f}x",
+    ):
+        assert figure in text, f"README.md does not say {figure!r} (bench/results/gpu.json)"
+    # The benchmarks page's gpu section is the check's own output.
+    assert (REPO / "bench" / "results" / "gpu.txt").read_text().strip() in (
+        REPO / "docs" / "benchmarks.md"
+    ).read_text()
+
+
+def test_the_pages_give_the_default_pruner_the_schema_gives(tmp_path: Path) -> None:
+    from hpo.config import load_study
+
+    study = tmp_path / "s.yaml"
+    study.write_text("study: {name: s}\nsearch_space: {lr: {type: float, low: 0.01, high: 1.0}}\n")
+    default = load_study(study).study.pruner.name
+    assert default == "none"  # the sentences below say it in words
+    readme_comment = next(
+        line for line in README.read_text().splitlines() if "metric: val_accuracy  " in line
+    )
+    assert "no pruner unless named" in readme_comment, readme_comment
+    assert f"options; default `{default}`:" in flat_text(REPO / "docs" / "running-a-study.md")
+    assert (
+        "No sampler and no pruner named: the measured default"
+        in (REPO / "studies" / "resnet.yaml").read_text()
+    )
+    for page in PAGES:
+        text = flat_text(page)
+        for wrong in ("median stopping unless named", "default pruner is median", "default: median"):
+            assert wrong not in text, f"{rel(page)} says {wrong!r}; the default pruner is {default}"
+
+
+def test_the_readme_counts_the_fast_layer(request: pytest.FixtureRequest) -> None:
+    said = re.search(r"none of which needs the cluster: (\d+) tests in", flat_text(README))
+    assert said, "README.md no longer says how many tests `make test-fast` runs"
+    assert int(said.group(1)) == fast_test_count(request), "README.md's count of the fast tests"
+
+
+def fast_test_count(request: pytest.FixtureRequest) -> int:
+    """How many tests `make test-fast` (`-m fast`) runs: from this session's own collection when it
+    collected the whole suite (`make test`, `make test-fast`), else collected again."""
+    option = request.config.option
+    whole = [str(a) for a in request.config.args] in ([], ["tests"]) and not option.keyword
+    if whole and option.markexpr in ("", "fast"):
+        return sum(1 for item in request.session.items if item.get_closest_marker("fast"))
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "fast", "-p", "no:cacheprovider"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    ).stdout  # fmt: skip
+    return int(re.search(r"(\d+)/\d+ tests collected", collected).group(1))  # type: ignore[union-attr]

@@ -193,11 +193,11 @@ def test_the_default_strategy_is_what_a_study_file_without_sampler_and_pruner_ge
     default = spec_with(STRATEGIES["default"], table, seed=3, default_study=study)
     # TPE with Optuna's own start-up after the portfolio (held out: see test_portfolio.py), no pruner.
     assert default.study.sampler == SamplerSpec(name="tpe", seed=3, options={})
-    assert default.study.pruner == PrunerSpec(name="none") and default.study.portfolio == 4
+    assert default.study.pruner == PrunerSpec(name="none") and default.study.portfolio.size == 4
     # The default before the portfolio: median stopping from ceil(4/9 x 3 epochs) = epoch 2.
     before = spec_with(STRATEGIES["tpe+median-from-4/9"], table, seed=3, default_study=study)
     assert before.study.pruner == PrunerSpec(name="median", options={"n_warmup_steps": 2})
-    assert before.study.portfolio == 0
+    assert before.study.portfolio.size == 0
     ray = spec_with(STRATEGIES["ray-asha"], table, seed=0, default_study=study)
     stopper = stopper_for(ray, table)
     assert type(stopper.scheduler).__name__ == "AsyncHyperBandScheduler"

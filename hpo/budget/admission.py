@@ -244,9 +244,10 @@ RULES: tuple[Rule, ...] = (
 
 
 def cancelled(study: optuna.Study, started: float) -> Admission | None:
-    """``hpo cancel`` since ``started``; None if none."""
+    """``hpo cancel`` since ``started``, or one still under way (a launch is refused while it runs:
+    one begun meanwhile is cancelled with the rest); None if none."""
     requested = study_record.cancel_requested_at(study)
-    if requested <= 0 or requested < started:
+    if requested <= 0 or (requested < started and not study_record.cancel_under_way(study)):
         return None
     return Admission(False, CANCELLED, "hpo cancel", cancel_requested_at=requested)
 

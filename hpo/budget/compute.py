@@ -118,6 +118,26 @@ def time_limit_cost(spec: StudySpec) -> float:
     return res.time_min / 60 * res.cpus_per_task * spec.trial_ranks
 
 
+def expected_line(spec: StudySpec) -> str:
+    """What ``hpo launch --dry-run`` says the study may cost before it runs: the most (every
+    trial to its time limit, ``time_limit_cost``), and the budget that caps it where one is set.
+    The trials' own cost is known only once some have run (``hpo status`` then gives it)."""
+    res = spec.resources
+    if res.gpus_per_node:
+        unit, count, kind = "GPU-hours", accounting.trial_gpus(spec), "GPU"
+    else:
+        unit, count, kind = "CPU-hours", res.cpus_per_task * spec.trial_ranks, "CPU"
+    held = f"{count:g} {kind}{'' if count == 1 else 's'}"
+    most = time_limit_cost(spec) * spec.study.n_trials
+    line = (
+        f"expected cost: at most {accounting.format_hours(most)} {unit} ({spec.study.n_trials} trials, "
+        f"each up to its {res.time_min}-min time limit on {held}; pruned and faster trials cost less)"
+    )
+    if spec.study.budget is not None and spec.study.budget < most:
+        line += f"; study.budget stops it at {accounting.format_hours(spec.study.budget)} {unit}"
+    return line
+
+
 def _ray_allocation(
     spec: StudySpec, trials: list[optuna.trial.FrozenTrial], job_ids: Sequence[str]
 ) -> Spending:

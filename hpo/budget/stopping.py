@@ -73,7 +73,7 @@ def patience_verdict(
         return None
     return (
         f"no improvement larger than {min_improvement:g} in the last {patience} finished trials "
-        f"(best {sign * best_before:.4f})"
+        f"(best {record.format_value(sign * best_before)})"
     )
 
 

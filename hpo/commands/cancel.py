@@ -1,4 +1,4 @@
-"""``hpo cancel``: stop the study for good (its launchers, workers and jobs)."""
+"""``hpo cancel``: stop the study now (its launchers, workers and jobs); a later launch continues it."""
 
 from __future__ import annotations
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpo.errors import LaunchError, NotReadyError, StudyFileError, exit_status, one_line
 
@@ -79,6 +80,14 @@ def add_study_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override a study-file key",
+    )
+
+
+def add_view_arguments(parser: argparse.ArgumentParser) -> None:
+    """A view's arguments: the study's (``add_study_arguments``), and ``--json`` for scripts."""
+    add_study_arguments(parser)
+    parser.add_argument(
+        "--json", action="store_true", help="one JSON document instead (its keys: docs/watching-a-study.md)"
     )
 
 
@@ -212,4 +221,10 @@ def open_study(options: Options) -> tuple[StudySpec, StorageRef, optuna.Study]:
 
 def print_lines(lines: list[str]) -> int:
     print("\n".join(lines))
+    return 0
+
+
+def print_json(document: dict[str, Any]) -> int:
+    """A machine-readable view on stdout: strict JSON (no nan), one document."""
+    print(json.dumps(document, indent=2, allow_nan=False))
     return 0

@@ -145,6 +145,7 @@ def _print_dry_run(spec: StudySpec, storage: StorageRef, executor: str) -> None:
     import yaml
 
     from hpo import executors, portfolio
+    from hpo.budget import compute
     from hpo.storage import mask
 
     document = {
@@ -166,8 +167,11 @@ def _print_dry_run(spec: StudySpec, storage: StorageRef, executor: str) -> None:
             f"# then the learned starting portfolio's {len(learned)} (hpo/portfolio.json), before the sampler:"
         )
         print(yaml.safe_dump(shown, sort_keys=False).rstrip())
+    if said := portfolio.coverage_line(spec):
+        print(f"# {said}")
     for line in executors.get(executor).dry_run_lines(spec):
         print(line)
+    print(f"# {compute.expected_line(spec)}")
     print("# dry run: nothing submitted")
 
 

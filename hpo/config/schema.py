@@ -192,8 +192,11 @@ def build_spec(document: dict[str, Any], source: str) -> StudySpec:
         study_doc = {**study_doc, "pruner": {"name": "none"}}
         pruner_options = None
     spec = _build_spec(document, source, _section(StudySection, study_doc, "study"))
-    if spec.study.portfolio is None:
-        spec.study.portfolio = DEFAULT_PORTFOLIO if unnamed_sampler else 0
+    if spec.study.portfolio.size is None:
+        # A warm start has a better start than the portfolio (the user's own earlier trials); a
+        # `portfolio` the file sets is honoured with one as without.
+        warm = bool(spec.study.warm_start.sources)
+        spec.study.portfolio.size = DEFAULT_PORTFOLIO if unnamed_sampler and not warm else 0
     if pruner_options:
         median = median_from_four_ninths(spec.max_steps)
         spec.study.pruner = PrunerSpec(name=median.name, options={**median.options, **pruner_options})
@@ -204,7 +207,25 @@ def build_spec(document: dict[str, Any], source: str) -> StudySpec:
                 "a full run's steps) may stop a trial from its first report; set it to the step of a "
                 "full run's last report"
             )
+    if unused := _scheduler_keys_unused(spec.resources):
+        spec.warnings.append(
+            f"{source}: resources.executor is local, so {', '.join(unused)} "
+            f"{'is' if len(unused) == 1 else 'are'} not used: every trial runs on this machine "
+            "(set resources.executor: slurm, or launch with --executor slurm)"
+        )
     return spec
+
+
+SCHEDULER_KEYS = ("partition", "account", "qos", "constraint", "sbatch", "setup", "worker_time")
+"""Keys of the resources section that only a Slurm job reads."""
+
+
+def _scheduler_keys_unused(resources: Resources) -> list[str]:
+    """The Slurm-only keys a study file set while its trials run here (a forgotten
+    ``executor: slurm``: the GPUs, account and partition given, every trial local)."""
+    if resources.executor != "local":
+        return []
+    return [f"resources.{key}" for key in SCHEDULER_KEYS if getattr(resources, key)]
 
 
 def _build_spec(document: dict[str, Any], source: str, study: StudySection) -> StudySpec:

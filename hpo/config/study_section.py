@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from pydantic import BeforeValidator
+
 from hpo.config.fields import nested
 from hpo.config.values import (
     COST_OBJECTIVES,
@@ -20,7 +22,7 @@ from hpo.config.values import (
     check_safe_name,
     parse_duration_min,
 )
-from trainer.fields import KeyProblem, config_dataclass, field
+from trainer.fields import KeyProblem, build, config_dataclass, field
 
 
 @config_dataclass()
@@ -55,6 +57,37 @@ class PrunerSpec:
         "named median keeps Optuna's defaults.",
     )
     options: dict[str, Any] = field(factory=dict, help="Keyword arguments of the Optuna pruner class.")
+
+
+@config_dataclass()
+class PortfolioSpec:
+    size: int | None = field(
+        None,
+        "How many configurations of the service's learned starting portfolio (hpo/portfolio.json, "
+        "learned from the recorded tasks by bench/portfolio.py; 4 ship) to try after enqueue, "
+        "before the sampler: each entry's positions in this study's ranges for the parameters it "
+        "has a role for, the others drawn by the sampler. Default: 4 when the study file names no "
+        "sampler (the measured default, bench/replay.py), 0 when it names one or the study is "
+        "warm-started. Never more than n_trials leaves after enqueue. `portfolio: 4` is short for "
+        "`portfolio: {size: 4}`.",
+        ge=0,
+    )
+    roles: dict[str, str] = field(
+        factory=dict,
+        help="The portfolio's roles (lr, weight_decay, batch_size, pct_start, capacity) and the "
+        "search-space parameter that plays each, where its name is not one the service knows: "
+        "{lr: my_lr}. Known without it: lr, learning_rate, max_lr, base_lr; weight_decay, wd; "
+        "batch_size, bs, batch; pct_start, warmup_ratio; hidden, width, channels (hpo.portfolio.ROLE_NAMES).",
+    )
+
+
+def _portfolio(data: Any) -> Any:
+    """``portfolio: 4`` is ``portfolio: {size: 4}``; null is every default."""
+    if isinstance(data, int) and not isinstance(data, bool):
+        data = {"size": data}
+    elif data is not None and not isinstance(data, dict | PortfolioSpec):
+        raise KeyProblem("", f"must be an integer (the size) or a mapping (size, roles), got {data!r}")
+    return build(PortfolioSpec, data)
 
 
 @config_dataclass()
@@ -191,15 +224,12 @@ class StudySection:
     enqueue: list[dict[str, Any]] = field(
         factory=list, help="Parameter sets to try first (e.g. the current hand-tuned one)."
     )
-    portfolio: int | None = field(
-        None,
-        "How many configurations of the service's learned starting portfolio (hpo/portfolio.json, "
-        "learned from the recorded tasks by bench/portfolio.py) to try after enqueue, before the "
-        "sampler: each entry's positions in this study's ranges for the parameters it has a role "
-        "for (lr or learning_rate, weight_decay or wd, batch_size, pct_start, hidden or width), the "
-        "others drawn by the sampler. Default: 4 when the study file names no sampler (the measured "
-        "default, bench/replay.py), 0 when it names one; none after a warm start.",
-        ge=0,
+    portfolio: Annotated[
+        PortfolioSpec, BeforeValidator(_portfolio, json_schema_input_type=int | PortfolioSpec | None)
+    ] = field(
+        factory=PortfolioSpec,
+        help="The learned starting portfolio: how many of its configurations to try first (an "
+        "integer, or size), and which parameters play its roles (roles).",
     )
     budget: float | None = field(
         None,

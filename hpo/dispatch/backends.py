@@ -11,7 +11,16 @@ import optuna
 
 from hpo import executors, portfolio, record, study_record, warm_start
 from hpo.dispatch import lease, site
-from hpo.dispatch.common import LaunchOptions, LaunchSummary, Log, open_study, queue_retries, summarize
+from hpo.dispatch.common import (
+    LaunchOptions,
+    LaunchSummary,
+    Log,
+    open_study,
+    queue_retries,
+    refuse_during_cancel,
+    rerun_set_up_failures,
+    summarize,
+)
 from hpo.dispatch.per_trial import PerTrialDispatcher
 from hpo.dispatch.progress import Progress
 from hpo.dispatch.ray.allocation import run_on_ray
@@ -38,6 +47,7 @@ def launch(spec: StudySpec, storage: StorageRef, options: LaunchOptions, log: Lo
     private_dir(spec.workdir)  # logs, checkpoints, submitit's pickles: the owner's only
     study, backend, planned = open_study(spec, storage, allow_space_change=options.allow_space_change)
     with lease.held(storage, spec.study.name) as claim:
+        refuse_during_cancel(spec, study)
         # Under the lease: no other launcher imports meanwhile (and apply skips what is there).
         warm_start.apply(spec, study, planned, log)
         return _launch_held(spec, storage, options, log, study, backend, claim)
@@ -61,6 +71,9 @@ def _launch_held(
         + (f", {enqueued} enqueued to run first" if enqueued else "")
         + (f" ({learned} from the learned starting portfolio)" if enqueued and learned else "")
     )
+    if not stored and (said := portfolio.coverage_line(spec)):
+        log(said)
+    rerun_set_up_failures(study, log)
     # Failures told while no launcher watched (a trial failing after a launcher was stopped).
     queue_retries(study, spec, log)
     study_record.clear_failing_stop(study)  # an earlier launch's verdict: this one judges its own trials

@@ -1,4 +1,4 @@
-"""``hpo cancel``: the study stopped for good, its launchers told, its jobs cancelled and its
+"""``hpo cancel``: the study stopped now (a later launch continues it), its launchers told, its jobs cancelled and its
 running trials failed as cancelled (a writer: the views only read)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ for Slurm to show the study's jobs gone."""
 
 
 def cancel(spec: StudySpec, ref: StorageRef, study: optuna.Study) -> list[str]:
-    """Stop the study for good: once this returns, no launcher or worker submits or starts
+    """Stop the study now: once this returns, no launcher or worker submits or starts
     another trial, no job of the study is left in Slurm's queue, and nothing stays RUNNING.
 
     The order matters: the flag first (launchers and workers read it before every submission or
@@ -32,6 +32,13 @@ def cancel(spec: StudySpec, ref: StorageRef, study: optuna.Study) -> list[str]:
 
     requested = time.time()
     study_record.request_cancel(study, requested)
+    try:
+        return _cancel_requested(spec, ref, study, requested)
+    finally:  # a launch is refused until now (and for CANCEL_STALE_S if this process is killed)
+        study_record.end_cancel(study, requested)
+
+
+def _cancel_requested(spec: StudySpec, ref: StorageRef, study: optuna.Study, requested: float) -> list[str]:
     lines = []
     ray_job = study_record.ray_job(study)
     if ray_job:  # the one allocation of a Ray-backed study holds all its trials and its driver
@@ -49,24 +56,26 @@ def cancel(spec: StudySpec, ref: StorageRef, study: optuna.Study) -> list[str]:
                 break
             time.sleep(0.5)
         else:
-            lines.append(f"launcher ({holder}): submits no more trials")
-    cancelled: set[str] = set()
+            confirmed = study_record.cancel_seen_at(study) >= requested
+            lines.append(f"launcher ({holder}): " + ("submits no more trials" if confirmed else "gone"))
+    # The trials first, then their jobs: a trial process stopped by the cancel would otherwise tell
+    # its own end first (a KeyboardInterrupt), and the cancel would neither name it nor own it.
+    jobs: dict[str, executors.Executor] = {}
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         mode, name = record.dispatch_mode(trial), record.executor_name(trial)
         job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
         in_ray = mode == record.DispatchMode.RAY  # its allocation: cancelled above
-        if job_id is not None and not in_ray and str(job_id) not in cancelled:  # a packed job: once
-            # A trial that did not record its executor (an old worker's): the study's own.
-            executors.get(name if name in executors.REGISTRY else spec.resources.executor).cancel(
-                spec, str(job_id)
-            )
-            cancelled.add(str(job_id))
-        # Both raise if the trial ended on its own meanwhile: then its state stands.
+        # Raises if the trial ended on its own meanwhile: then its state stands.
         with record.unless_told_meanwhile():
             record.fail(study, trial, record.REASON_CANCELLED)
             shown = record.DispatchMode.RAY.value if in_ray else name or (mode and mode.value)
             lines.append(f"trial {trial.number}: cancelled {shown} job {job_id or '-'}")
-    lines += _cancel_queued(spec, cancelled)
+        if job_id is not None and not in_ray:  # a packed job: once
+            # A trial that did not record its executor (an old worker's): the study's own.
+            jobs[str(job_id)] = executors.get(name if name in executors.REGISTRY else spec.resources.executor)
+    for job_id, executor in jobs.items():
+        executor.cancel(spec, job_id)
+    lines += _cancel_queued(spec, set(jobs))
     return lines or ["no running trial; launchers and workers of this study take no new trial"]
 
 

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import executors, failures, record, search, study_record, warm_start
+from hpo import executors, failures, record, requeue, search, study_record, warm_start
 from hpo.budget import admission
 from hpo.dispatch.lease import Lease
 from hpo.dispatch.progress import Progress
+from hpo.errors import NotReadyError
 from hpo.slurm import executors as slurm_jobs
 from hpo.storage import StorageRef, check_reachable
 from hpo.trial.objective import Objective
@@ -220,12 +221,14 @@ class Dispatcher:
         still run (``per_trial``), fail those whose job is gone. Returns the live workers' job ids
         with their executor (as they were submitted)."""
 
+        this_mode = record.DispatchMode.PER_TRIAL if per_trial else record.DispatchMode.WORKERS
+        refuse_live_jobs_of_other_modes(self.spec, self.study, this_mode, self.executor_named)
         live_workers: dict[str, executors.Executor] = {}
         failed = False
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             mode = record.dispatch_mode(trial)
             job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
-            if mode == record.DispatchMode.RAY:  # a trial of a Ray allocation: not a job of this launch's
+            if mode == record.DispatchMode.RAY:  # its Ray job has ended (see the refusal above)
                 self._fail(trial.number, "its Ray job ended first")
                 failed = True
                 continue
@@ -304,11 +307,13 @@ class Dispatcher:
                 self.best = value
             note = " (best so far)" if better else ""
             cost = (
-                f" {self.spec.study.also_minimize}={trial.values[1]:.4g}"
+                f" {self.spec.study.also_minimize}={record.format_value(trial.values[1])}"
                 if self.spec.study.also_minimize
                 else ""
             )
-            self.log(f"trial {trial.number} COMPLETE: {self.spec.study.metric}={value:.4f}{cost}{note}")
+            self.log(
+                f"trial {trial.number} COMPLETE: {self.spec.study.metric}={record.format_value(value)}{cost}{note}"
+            )
             last = record.steps_mismatch(trial, self.spec)
             if last is not None:
                 self.log(f"warning: {steps_warning(self.spec, trial.number, last)}")
@@ -318,7 +323,7 @@ class Dispatcher:
         elif state == "PRUNED":
             step = max(trial.intermediate_values) if trial.intermediate_values else 0
             value = record.metric_value(trial)
-            shown = f"{value:.4f}" if value is not None else "-"
+            shown = record.format_value(value)
             self.log(f"trial {trial.number} PRUNED at epoch {step}: {self.spec.study.metric}={shown}")
         elif trial.user_attrs.get(record.ATTR_INFEASIBLE):
             self.log(f"trial {trial.number} infeasible: {trial.user_attrs.get(record.ATTR_FAIL_REASON, '')}")
@@ -355,7 +360,7 @@ def steps_warning(spec: StudySpec, number: int, last: int) -> str:
 
 
 def queue_retries(study: optuna.Study, spec: StudySpec, log: Log) -> None:
-    for number in record.queue_retries(study, spec.study.max_retries):
+    for number in requeue.queue_retries(study, spec.study.max_retries):
         log(f"trial {number} failed: queued a retry with the same parameters")
 
 
@@ -363,12 +368,64 @@ def worker_entry(job: Any, executor: executors.Executor) -> InFlight:
     return InFlight(-1, -1, str(job.job_id), executor, 1, job)
 
 
+def refuse_live_jobs_of_other_modes(
+    spec: StudySpec,
+    study: optuna.Study,
+    mode: record.DispatchMode,
+    executor_named: Callable[[str], executors.Executor] = executors.get,
+) -> None:
+    """Refuse, in one line naming them, a launch beside trials that jobs of another launch mode
+    still run (a Ray allocation, --workers jobs, per-trial jobs whose launcher was stopped): it
+    would neither count them in ``max_concurrent`` nor leave them their trials. A trial whose job
+    the scheduler says has ended is this launch's to fail or retry, as in its own mode."""
+    live: dict[str, list[int]] = {}
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        other = record.dispatch_mode(trial)
+        job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
+        if other in (None, mode) or job_id is None:
+            continue
+        executor = executor_named(record.executor_name(trial) or spec.resources.executor)
+        if not executor.ended(str(job_id), executor.job(spec, str(job_id))):
+            live.setdefault(f"{executor.name} job {job_id} ({other.value})", []).append(trial.number)
+    if live:
+        running = "; ".join(f"{job}: trial {', '.join(map(str, numbers))}" for job, numbers in live.items())
+        raise NotReadyError(
+            f"study {spec.study.name!r} has trials running in jobs of another launch mode ({running}): "
+            "a launch in this mode would run beside them, past study.max_concurrent",
+            "wait for them to end (`hpo status`), relaunch in their mode to follow them, or end them with `hpo cancel`",
+        )
+
+
+def refuse_during_cancel(spec: StudySpec, study: optuna.Study) -> None:
+    """Refuse, in one line, a launch while `hpo cancel` runs on the study: it would start trials
+    that the cancel, waiting on the study's launcher, neither ends nor names."""
+    requested = study_record.cancel_under_way(study)
+    if requested:
+        raise NotReadyError(
+            f"study {spec.study.name!r} is being cancelled (`hpo cancel` since "
+            f"{time.strftime('%H:%M:%S', time.localtime(requested))}): a launch now would run beside it",
+            "relaunch once `hpo cancel` has returned",
+        )
+
+
+def rerun_set_up_failures(study: optuna.Study, log: Log) -> None:
+    """Queue again the enqueued configurations a set-up mistake failed (``hpo.requeue.rerun_set_up_failures``),
+    saying so: the launch after the fix runs them first."""
+    numbers = requeue.rerun_set_up_failures(study)
+    if numbers:
+        log(
+            f"{len(numbers)} enqueued configuration(s) that a set-up mistake failed on an earlier launch "
+            f"(trial {', '.join(map(str, numbers))}) run again first"
+        )
+
+
 def summarize(study: optuna.Study, spec: StudySpec, log: Log = print, since: float = 0.0) -> LaunchSummary:
     """The launch's closing lines; ``since`` (the launch's start) tells a cancel or a fail-fast
     verdict of this launch from an older one."""
     counts: dict[str, int] = {}
     for trial in record.own_trials(study):
-        counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
+        state = record.shown_state(trial)
+        counts[state] = counts.get(state, 0) + 1
     cancelled = study_record.cancel_requested_at(study) >= since > 0
     summary = LaunchSummary(
         counts=counts,
@@ -391,7 +448,9 @@ def summarize(study: optuna.Study, spec: StudySpec, log: Log = print, since: flo
     front = record.pareto_front(study, spec)
     if front:
         log(f"Pareto front ({' vs '.join(search.objective_names(spec))}): " + ", ".join(
-            f"trial {t.number} ({', '.join(f'{v:.4g}' for v in t.values)})" for t in front
+            f"trial {t.number} ({', '.join(record.format_value(v) for v in t.values)})" for t in front
         ))  # fmt: skip
-    log(f"best trial {best.number}: value={best.values[0]:.4f} {record.format_params(best.params)}")
+    log(
+        f"best trial {best.number}: value={record.format_value(best.values[0])} {record.format_params(best.params)}"
+    )
     return summary

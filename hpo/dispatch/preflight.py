@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpo import executors, search
+from hpo import executors, portfolio, search
 from hpo.config import parse_duration_min
 from hpo.config.user_code import import_function, placeholders
 from hpo.dispatch.ray import ddp_trial, population
@@ -47,6 +47,7 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
     else:
         search.validate_optuna_settings(spec)
     check_sampler_installed(spec)
+    portfolio.check(spec)
     if workers is not None:
         if workers < 1:
             raise StudyFileError(f"--workers: must be >= 1, got {workers}")

@@ -98,9 +98,7 @@ class Progress:
         trials = self._trials() if trials is None else trials
         counts = Counter(record.shown_state(t) for t in trials)
         done = sum(n for state, n in counts.items() if state not in ("RUNNING", "WAITING"))
-        by_state = ", ".join(
-            f"{counts[s]} {s}" for s in ("COMPLETE", "PRUNED", "DIVERGED", "FAIL") if counts[s]
-        )
+        by_state = ", ".join(f"{counts[s]} {s}" for s in record.END_STATES if counts[s])
         parts = [
             f"progress: {done}/{self.spec.study.n_trials} done" + (f" ({by_state})" if by_state else ""),
             f"{counts['RUNNING']} running",
@@ -120,7 +118,7 @@ class Progress:
             return ""
         pick = max if self.spec.study.direction == "maximize" else min
         best = pick(complete, key=lambda t: t.values[0])
-        return f"best {self.spec.study.metric}={best.values[0]:.4f} (trial {best.number})"
+        return f"best {self.spec.study.metric}={record.format_value(best.values[0])} (trial {best.number})"
 
     def _used(self, trials: list[optuna.trial.FrozenTrial]) -> str:
         res = self.spec.resources

@@ -21,11 +21,10 @@ import optuna
 from optuna import visualization as vis
 from optuna.visualization import matplotlib as vis_mpl
 
-from hpo import record, search, study_record
-from hpo.budget import stopping
+from hpo import record, search
 from hpo.budget.cost import StudyCost, study_cost
 from hpo.errors import LaunchError, StudyFileError, optional_extra
-from hpo.observe import views
+from hpo.observe import documents, views
 from hpo.paths import private_dir
 
 if TYPE_CHECKING:
@@ -260,17 +259,11 @@ def _write_csv(study: optuna.Study, path: Path) -> Path:
                                           "datetime_start", "datetime_complete", "intermediate_values"))  # fmt: skip
     # The other metrics of the user's objective, each at the trial's last step, in columns of their own.
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    frame["state"] = [record.shown_state(trials[n]) for n in frame["number"]]  # not Optuna's PRUNED
     for name in sorted({name for t in trials.values() for name in t.user_attrs.get(record.ATTR_METRICS, {})}):
         frame[f"metric_{name}"] = [record.other_metric(trials[n], name) for n in frame["number"]]
     frame.to_csv(path, index=False)
     return path
-
-
-def _command_or_none(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> str | None:
-    try:
-        return views.rerun_command(spec, trial)
-    except StudyFileError:  # the trainer section changed since: the page's best lines say so
-        return None
 
 
 def _best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
@@ -287,53 +280,7 @@ def _write_summary(
     cost: StudyCost,
     path: Path,
 ) -> Path:
-    best: dict[str, Any] | None = None
-    trial = record.best_trial(study, spec)
-    if trial is not None:
-        best = {
-            "number": trial.number,
-            "value": trial.values[0],
-            "params": trial.params,
-            "job_id": trial.user_attrs.get(record.ATTR_JOB_ID),
-            "command": _command_or_none(spec, trial),
-        }
-    summary = {
-        "study": spec.study.name,
-        "metric": spec.study.metric,
-        "direction": spec.study.direction,
-        "n_trials": spec.study.n_trials,
-        "trials": len(trials),
-        "states": dict(Counter(record.shown_state(t) for t in trials)),
-        "best": best,
-        "objectives": dict(zip(search.objective_names(spec), search.directions(spec), strict=True)),
-        "pareto_front": [
-            {"number": t.number, "values": t.values, "params": t.params}
-            for t in record.pareto_front(study, spec)
-        ],
-        "cost": {
-            "unit": cost.unit,
-            "total": cost.total,
-            "by_state": cost.by_state,
-            "saved_by_pruning": cost.saved_by_pruning,
-            "source": "sacct"
-            if cost.measured
-            else "estimates (elapsed time x resources) where not from sacct",
-            "per_trial": {str(n): cost.of(u) for n, u in sorted(cost.per_trial.items())},
-            "budget": spec.study.budget,
-            "left": None if spec.study.budget is None else max(0.0, spec.study.budget - cost.total),
-        },
-        "stopped": study_record.stopped(study),
-        "terminator": stopping.terminator_evaluation(study),
-        "imported_trials": record.imported_count(study),
-        "packed_jobs": record.packs(trials),
-        "measurements": {
-            str(t.number): {key: t.user_attrs[key] for key in record.MEASUREMENT_ATTRS if key in t.user_attrs}
-            for t in trials
-            if any(key in t.user_attrs for key in record.MEASUREMENT_ATTRS)
-        },
-        "input": views.input_verdict(trials),
-    }
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+    path.write_text(json.dumps(documents.summary(spec, study, trials, cost), indent=2) + "\n")
     return path
 
 

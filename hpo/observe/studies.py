@@ -98,7 +98,7 @@ _HINT = "start the database server, or name another with --storage URL"
 
 def _summary(study: optuna.Study, ref: StorageRef) -> tuple[str, str, str, str]:
     trials = record.own_trials(study)
-    counts = Counter(t.state.name for t in trials)
+    counts = Counter(record.shown_state(t) for t in trials)
     shown = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none"
     complete = [
         t
@@ -109,7 +109,7 @@ def _summary(study: optuna.Study, ref: StorageRef) -> tuple[str, str, str, str]:
     if complete:
         pick = max if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else min
         chosen = pick(complete, key=lambda t: t.values[0])
-        best = f"{chosen.values[0]:.4f} (trial {chosen.number})"
+        best = f"{record.format_value(chosen.values[0])} (trial {chosen.number})"
     gpu = sum(float(t.user_attrs.get(record.ATTR_GPU_HOURS) or 0) for t in trials)
     cpu = sum(float(t.user_attrs.get(record.ATTR_CPU_HOURS) or 0) for t in trials)
     compute = f"{accounting.format_hours(gpu)} GPU-h" if gpu else f"{accounting.format_hours(cpu)} CPU-h"

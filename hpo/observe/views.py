@@ -141,16 +141,14 @@ def _status_row(
     """One trial's row of the status table (the columns of ``status_lines``' header); ``mates``:
     the trials each packed trial's job ran beside it."""
     value = record.metric_value(t)
-    elapsed = t.user_attrs.get(record.ATTR_ELAPSED_S)
-    if elapsed is None and t.duration is not None:
-        elapsed = t.duration.total_seconds()
+    elapsed = record.elapsed_s(t)
     detail = record.format_params(t.params)
     reason = t.user_attrs.get(record.ATTR_FAIL_REASON)
-    state = "INFEASIBLE" if t.user_attrs.get(record.ATTR_INFEASIBLE) else record.shown_state(t)
+    state = record.shown_state(t)
     if reason and state in ("FAIL", "INFEASIBLE", "DIVERGED"):
         detail = f"{detail}  [{reason}]"
     notes = [
-        f"Pareto front, {spec.study.also_minimize}={t.values[1]:.4g}" if on_front else "",
+        f"Pareto front, {spec.study.also_minimize}={record.format_value(t.values[1])}" if on_front else "",
         f"retry of {t.user_attrs[ATTR_RETRY_OF]}" if ATTR_RETRY_OF in t.user_attrs else "",
         f"requeued {t.user_attrs[record.ATTR_RESTARTS]}x" if record.ATTR_RESTARTS in t.user_attrs else "",
         _pack_note(t, mates.get(t.number, [])),
@@ -161,7 +159,7 @@ def _status_row(
         str(t.number),
         state,
         str(max(record.curve(t), default=0)),
-        "-" if value is None else f"{value:.4f}",
+        record.format_value(value),
         *(_last_of(t, name) for name in others),
         str(t.user_attrs.get(record.ATTR_JOB_ID, "-")),
         "-" if elapsed is None else f"{float(elapsed):.0f}s",
@@ -172,8 +170,7 @@ def _status_row(
 
 
 def _last_of(trial: optuna.trial.FrozenTrial, name: str) -> str:
-    value = record.other_metric(trial, name)
-    return "-" if value is None else f"{value:.4g}"
+    return record.format_value(record.other_metric(trial, name))
 
 
 def _pack_note(trial: optuna.trial.FrozenTrial, mates: list[int]) -> str:
@@ -311,15 +308,16 @@ def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
             f"Pareto front ({spec.study.metric} {spec.study.direction}, {spec.study.also_minimize} minimize):"
         )
         lines += [
-            f"  trial {t.number}: {spec.study.metric}={t.values[0]:.4f} {spec.study.also_minimize}={t.values[1]:.4g}  "
+            f"  trial {t.number}: {spec.study.metric}={record.format_value(t.values[0])} "
+            f"{spec.study.also_minimize}={record.format_value(t.values[1])}  "
             + record.format_params(t.params)
             for t in front
         ]  # fmt: skip
         lines.append(f"of the front, the best {spec.study.metric}:")
     lines += [
-        f"best trial {best.number}: {spec.study.metric}={best.values[0]:.4f} "
+        f"best trial {best.number}: {spec.study.metric}={record.format_value(best.values[0])} "
         + (
-            f"held-out test_accuracy={best.user_attrs[record.ATTR_TEST_ACCURACY]:.4f} "
+            f"held-out test_accuracy={record.format_value(best.user_attrs[record.ATTR_TEST_ACCURACY])} "
             if record.ATTR_TEST_ACCURACY in best.user_attrs
             else ""
         )

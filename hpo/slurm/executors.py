@@ -366,7 +366,7 @@ class SlurmStates:
 
     def ended(self, job: Any) -> bool:
         """Whether the job will run no more: its rank 0 left a result, or Slurm says it ended."""
-        if Path(job.paths.result_pickle).exists():
+        if Path(job.paths.result_pickle).exists() and not self._requeued_after_error(job):
             return True
         now = time.monotonic()
         if now - self._last_refresh >= self.refresh_s:
@@ -400,6 +400,18 @@ class SlurmStates:
         for key in [key for key in self._seen_since if key[0] == job_id]:
             del self._seen_since[key]
         return state in _SLURM_ENDED
+
+    def _requeued_after_error(self, job: Any) -> bool:
+        """Whether a run that left an error as its result was requeued, so that the job runs again.
+        submitit's own ``scontrol requeue`` (the job signalled before its time limit) can be killed
+        by the requeue's SIGTERM before it returns; submitit then writes that error as the job's
+        result, while Slurm has the job pending again. squeue listing it says so (Slurm's state
+        decides then); a success, or an error of a job squeue no longer lists, is the end."""
+        try:
+            outcome, _ = submitit.core.utils.pickle_load(job.paths.result_pickle)
+        except Exception:  # being written, or unreadable: a result all the same
+            return False
+        return outcome == "error" and self.queued(str(job.job_id), self.refresh_s) is True
 
     def _listed_by_squeue(self, job_id: str) -> bool | None:
         known_since = self._known_since.setdefault(job_id, time.monotonic())

@@ -1,7 +1,7 @@
 """``hpo launch --check``: the study's objective run once on this machine, up to its first report.
 
-Before a job waits in a queue, the user sees the command start with a trial's parameters (the
-first enqueued set, else a random one), its output, and the first value the study would read from
+Before a job waits in a queue, the user sees the command start with the parameters of the first
+trial a new study runs (``check_parameters``), its output, and the first value the study would read from
 it (a line ``metric_pattern`` matches, or a ``hpo.trial.report`` call); then the run is stopped, as
 a pruned trial is. A command that exits with an error, or without a report, is bad input (exit 2)
 with the study file's key to change. Nothing is stored or submitted; the run's folders (in a
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import failures, search
+from hpo import failures, portfolio, search
 from hpo.errors import StudyFileError
 from hpo.trial.objective import ObjectiveFailed, StepReport
 from hpo.trial.task import objective_for
@@ -50,14 +50,19 @@ class CheckTimedOut(Exception):
 
 
 def check_parameters(spec: StudySpec) -> dict[str, Any]:
-    """The first enqueued parameter set (completed by a random draw where it names fewer), else a
-    random one: what the check runs with."""
+    """The parameters of the first trial the study runs when launched new: the study file's first
+    enqueued set, else the starting portfolio's first entry (each completed by the study's sampler
+    where it names fewer parameters), else the sampler's first draw."""
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created in memory" line
     try:
-        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-        if spec.study.enqueue:
-            study.enqueue_trial(dict(spec.study.enqueue[0]), skip_if_exists=False)
+        study = optuna.create_study(
+            sampler=search.sampler_for(spec),
+            directions=search.directions(spec),  # type: ignore[arg-type]  # checked: maximize | minimize
+        )
+        first = [*spec.study.enqueue, *portfolio.starting_trials(spec)]
+        if first:
+            study.enqueue_trial(dict(first[0]), skip_if_exists=False)
         return dict(study.ask(search.distributions(spec)).params)
     finally:
         optuna.logging.set_verbosity(verbosity)

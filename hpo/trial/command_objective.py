@@ -36,7 +36,7 @@ from hpo import executors, record
 from hpo.config.user_code import render
 from hpo.paths import checkpoint_dir, private_dir, trial_dir
 from hpo.trial import client
-from hpo.trial.metric_lines import SUGGESTED_VALUE_GROUP, MetricPattern, Reading
+from hpo.trial.metric_lines import SUGGESTED_VALUE_GROUP, MetricPattern, Reading, not_a_number
 from hpo.trial.objective import ObjectiveFailed, ObjectiveResult, StepReport, StepReporter, stop_at
 from trainer.reporting import Decision
 
@@ -240,6 +240,8 @@ class _Command:
         if reports.reporter is None:
             return ObjectiveResult(value=float("nan"), pruned=False)
         if reports.value() is None:
+            if reports.unread is not None:  # lines matched, but no number was read from them
+                raise ObjectiveFailed(f"no metric reported: {reports.unread}")
             raise ObjectiveFailed(f"no metric reported; last output line: {self.last_line['stdout']!r}")
         return reports.result(pruned=False)
 
@@ -351,20 +353,20 @@ class _Reports:
         the study's: Optuna keeps the first)."""
         self.warned: set[str] = set()
         """The warnings this trial's log has had (each once)."""
+        self.unread: str | None = None
+        """What the first matched line whose value group is not a number was told (its fix)."""
 
     def on_line(self, line: str) -> bool:
         """A line of the command's output; True when the study prunes the trial on it."""
         if self.final_pattern and (final := self.final_pattern.read(line)):
-            self.final = _number(final.value)
-            self._note(final)
+            self.final = self._read(final, self.final_pattern)
         if self.pattern is None or self.stop_asked_at is not None or not (reading := self.pattern.read(line)):
             return False
         found = reading.match
-        value = _number(reading.value)
+        value = self._read(reading, self.pattern)
         step = _step(found, self.stored_steps + self.count + 1)
         if value is None or step is None:
             return False
-        self._note(reading)
         if self.pattern.count(line) > 1:
             self._warn(
                 "matches",
@@ -414,6 +416,16 @@ class _Reports:
         if stop:
             self.stop_file.touch()  # the other ranks stop too
         return stop
+
+    def _read(self, reading: Reading, pattern: MetricPattern) -> float | None:
+        """The number a matched line reports; None, said once in the trial's log (and in its fail
+        reason should no line report one), when the value group's text is not a number."""
+        value = _number(reading.value)
+        if value is None and reading.value:
+            self.unread = self.unread or not_a_number(pattern.key, reading.value)
+            self._warn("not a number", self.unread)
+        self._note(reading)
+        return value
 
     def _note(self, reading: Reading) -> None:
         if reading.note is not None:

@@ -76,6 +76,18 @@ class MetricPattern:
         return len(self.pattern.findall(line))
 
 
+def not_a_number(key: str, text: str) -> str:
+    """What a matched line whose value group read ``text``, not a number, is told: the text, and
+    how to make the group read the number alone (``1.5e-05,``, ``tensor(0.0123)``, a lone ``-``)."""
+    number = _WHOLE.search(text)
+    if number is None:
+        fix = "it holds no number: make the pattern match only the lines that print one"
+    else:
+        outside = " and ".join(repr(part) for part in (text[: number.start()], text[number.end() :]) if part)
+        fix = f"the number in it is {number.group()!r}: leave {outside} outside the value group"
+    return f"{key} matched, but its value group read {text!r}, which is not a number; {fix}"
+
+
 def widen_value_group(pattern: str) -> str | None:
     """``pattern`` with its ``(?P<value>...)`` group matching :data:`WHOLE_NUMBER` instead; None
     without such a group (or one whose end cannot be found: the pattern is then used as given)."""

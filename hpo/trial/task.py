@@ -173,7 +173,7 @@ def run_attached(
         cost = [cost_objective(spec, attrs)] if spec.study.also_minimize else []
         _tell(study, trial, values=[result.value, *cost])
         state = "COMPLETE"
-    log.info(f"trial {trial.number} {state}: {spec.study.metric}={result.value:.4f}")
+    log.info(f"trial {trial.number} {state}: {spec.study.metric}={record.format_value(result.value)}")
     return {"rank": 0, "state": state, "value": result.value}
 
 

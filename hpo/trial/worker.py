@@ -10,6 +10,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
+import optuna
 from submitit.core.utils import UncompletedJobError
 
 from hpo import executors, joblog, record, search
@@ -37,6 +38,8 @@ class WorkerTask:
     """When the launcher started: an `hpo cancel` after it stops the worker."""
     time_limit_min: float | None = None
     """The worker job's time limit: no trial is started that could not end within it."""
+    _suspect_since: int | None = dataclasses.field(default=None, init=False, repr=False)
+    """Fail fast's hold (``admission.suspicion``), kept between this worker's questions."""
 
     def __call__(self) -> dict[str, Any]:
         joblog.to_stdout()
@@ -65,7 +68,9 @@ class WorkerTask:
         while record.started_count(study) < self.spec.study.n_trials:  # enqueued ones count once run
             answer = self._admission(study, budget, job_end, longest_trial_s)
             if answer.holds:
-                time.sleep(compute.REMEASURE_S)  # no trial has finished yet to say what one costs
+                # Fail fast's hold ends when another worker's trial ends; the budget's when a trial
+                # has finished to say what one costs.
+                time.sleep(1.0 if self._suspect_since is not None else compute.REMEASURE_S)
                 continue
             if not answer.open:
                 log.info(f"worker stops: {answer.reason}")
@@ -94,8 +99,16 @@ class WorkerTask:
         self, study: Any, budget: compute.BudgetGate, job_end: float | None, longest_trial_s: float
     ) -> admission.Admission:
         """Whether this worker takes another trial (``hpo.budget.admission``): it obeys the verdict
-        its launcher stored and judges fail fast itself, to stop as soon as it sees one."""
+        its launcher stored and judges fail fast itself, to stop as soon as it sees one. After a
+        first failure that two parameter sets decide, it waits for the trial another worker runs
+        (the launcher's hold), so that a set-up mistake costs 2 trials, not one per worker more."""
         ended = record.ended_since(study, self.started)
+        running = sum(
+            1
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+            if record.is_own(t)
+        )
+        self._suspect_since = admission.suspicion(self.spec, ended, running, self._suspect_since)
         return admission.decide(
             study,
             self.spec,
@@ -103,6 +116,8 @@ class WorkerTask:
             started=self.started,
             deadline=self.deadline_unix,
             ended=ended,
+            running=running,
+            suspect_since=self._suspect_since,
             role=admission.WORKER,
             spending=functools.partial(budget.spending, len(ended)),
             job_end=job_end,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import LOCKS, holding_the_cluster, shared_lock
-from tests.hpo.helpers import REPO
+from tests.hpo.helpers import REPO, forget_database_reader
 
 
 @pytest.fixture(scope="session")
@@ -65,6 +65,7 @@ def _new_database(server: str, template: str | None = None) -> Iterator[str]:
     name = f"hpo_test_{uuid.uuid4().hex[:12]}"
     _psql(server, f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
     yield f"{server}/{name}"
+    forget_database_reader(f"{server}/{name}")
     _psql(server, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 

@@ -13,7 +13,7 @@ from submitit.core.utils import pickle_load
 from hpo import executors, record, search, study_record
 from hpo.budget import compute
 from hpo.dispatch import lease, site
-from hpo.dispatch.common import open_study
+from hpo.dispatch.common import open_study, refuse_during_cancel, refuse_live_jobs_of_other_modes
 from hpo.dispatch.ray import driver
 from hpo.dispatch.ray.cluster import RayClusterTask, cpus_per_trial, gpus_per_node, slots_per_node
 from hpo.errors import LaunchError, one_line
@@ -44,6 +44,8 @@ def run_on_ray(
         return search.load(spec, check_reachable(storage, spec.source), create=False)
     study, _, _ = open_study(spec, storage, reseed=False, allow_space_change=allow_space_change)
     with lease.held(storage, spec.study.name):
+        refuse_during_cancel(spec, study)
+        refuse_live_jobs_of_other_modes(spec, study, record.DispatchMode.RAY)
         return _launch_on_slurm(spec, storage, study, objective, log)
 
 
@@ -116,7 +118,7 @@ def _follow(spec: StudySpec, study: optuna.Study, job: Any, probe: executors.Exe
             if trial.state.is_finished() and trial.number not in seen:
                 seen.add(trial.number)
                 value = record.metric_value(trial)
-                shown = "-" if value is None else f"{value:.4f}"
+                shown = record.format_value(value)
                 log(f"trial {trial.number} {trial.state.name}: {spec.study.metric}={shown} "
                     f"after {len(trial.intermediate_values)} epochs")  # fmt: skip
         if ended:

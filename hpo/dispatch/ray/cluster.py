@@ -38,6 +38,7 @@ import submitit
 
 from hpo import joblog
 from hpo.dispatch.ray import driver
+from hpo.dispatch.ray import ports as ray_ports
 from hpo.storage import StorageRef
 from hpo.trial.objective import Objective
 
@@ -117,6 +118,16 @@ class RayClusterTask:
         return self._worker(job_id, rank, node_ip, temp_dir, rdv)
 
     def _head(self, job_id: str, nodes: int, node_ip: str, temp_dir: str, rdv: Path) -> dict[str, Any]:
+        ending = threading.Event()
+
+        def lost(reason: str) -> None:
+            # The head's Ray is gone mid-study: the driver would wait a minute for its GCS, then exit
+            # without a Python line. The job ends now, with a line the launcher reports.
+            if not ending.is_set():
+                print(f"{RayStoppedError.__name__}: Ray on {_node_name()} stopped while the study ran: {reason}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                os._exit(1)
+
         # The head starts while the driver opens the study (seconds each, on different processes).
         starting = _ray_start(
             ["--head", "--dashboard-host=127.0.0.1", "--include-dashboard=true"],
@@ -124,6 +135,7 @@ class RayClusterTask:
             node_ip,
             temp_dir,
             self.spec,
+            on_lost=lost,
         )
         address = ""
 
@@ -145,6 +157,7 @@ class RayClusterTask:
         try:
             driver.run(self.spec, self.storage, objective=self.objective, cluster=head_up)
         finally:
+            ending.set()
             with contextlib.suppress(RuntimeError):
                 head_up()  # a study with nothing left to run never connected: the head is stopped all the same
             data = read_rendezvous(rdv) or {}
@@ -184,6 +197,10 @@ class StudyEnded(Exception):
     """The study ended while this node's Ray was starting."""
 
 
+class RayStoppedError(RuntimeError):
+    """The head's Ray stopped while the study ran (named in the job's log for the launcher)."""
+
+
 class _Start:
     """One ``ray start --block``: it stays in the foreground as the parent of the node's Ray
     processes, which stay in the job step's process tree (Slurm signals and kills the whole tree
@@ -196,20 +213,34 @@ class _Start:
         )
         self.output: collections.deque[str] = collections.deque(maxlen=50)  # a failure's last lines
         self.ready = threading.Event()
+        self.exit_lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
+        after_exit = 0
         for line in self.proc.stdout:  # read to the end: a blocked pipe would stall Ray's start
             self.output.append(line)
             if "Ray runtime started" in line:
                 self.ready.set()
+            # Ray's line on which of its processes ended, and the next (the process and its exit
+            # code), kept apart: the log lines Ray prints after them push them out of ``output``.
+            after_exit = 2 if "exited unexpectedly" in line else after_exit
+            if after_exit and line.strip():
+                self.exit_lines.append(_plain(line).split(" -- ", 1)[-1])  # without Ray's log prefix
+                after_exit -= 1
 
     def stop(self) -> None:
         """End it at once (Ray's reaper then kills what it started) and reap it."""
         self.proc.kill()
         self.proc.wait()
+
+    def when_ended(self, then: Callable[[str], None]) -> None:
+        """Wait for the command to exit, then call ``then`` with why (Ray's own line on it)."""
+        self.proc.wait()
+        self._reader.join(timeout=5)
+        then(" ".join(self.exit_lines) or _last_lines("".join(self.output)))
 
     def ended(self) -> bool:
         """The command has exited and its output is all read."""
@@ -217,34 +248,27 @@ class _Start:
 
 
 def _ray_start(
-    extra: list[str], port_names: Sequence[str], node_ip: str, temp_dir: str, spec: StudySpec
+    extra: list[str],
+    port_names: Sequence[str],
+    node_ip: str,
+    temp_dir: str,
+    spec: StudySpec,
+    on_lost: Callable[[str], None] | None = None,
 ) -> Callable[[Callable[[], bool]], dict[str, int]]:
     """``ray start --block`` begun on ports free now; the function returned waits until Ray is up
     and gives the ports it listens on, or raises StudyEnded as soon as its argument says to give
     up. A start can fail: a port taken between its choice and Ray's bind (another cluster starting
     on the node, or the other emulated node of this host), or Ray's agents slower to come up than
     the raylet waits for them on a loaded node (15 s). Ray then fails after half a minute with
-    processes left behind, which are stopped before a start on fresh ports."""
-    slots = slots_per_node(spec)
+    processes left behind, which are stopped before a start on fresh ports. ``on_lost(reason)`` is
+    called if this node's Ray stops after it started (``ray start --block`` exits when any of its
+    processes does)."""
 
     def begin() -> tuple[dict[str, int], _Start]:
-        ports = dict(zip(port_names, _free_ports(len(port_names)), strict=True))
-        low = _free_range(_WORKER_PORTS + 1, avoid=set(ports.values()))
-        args = [
-            _ray(),
-            "start",
-            "--block",
-            *extra,
-            f"--node-ip-address={node_ip}",
-            f"--temp-dir={temp_dir}",
-            f"--num-cpus={cpus_per_trial(spec) * slots}",
-            f"--num-gpus={gpus_per_node(spec)}",
-            f"--min-worker-port={low}",
-            f"--max-worker-port={low + _WORKER_PORTS}",
-            "--disable-usage-stats",
-            *(f"--{name}={port}" for name, port in ports.items()),
-        ]
-        return ports, _Start(args, {**os.environ, **driver.ACTOR_ENV})
+        ports = dict(zip(port_names, ray_ports.free_ports(len(port_names)), strict=True))
+        return ports, _Start(
+            _start_args(extra, ports, node_ip, temp_dir, spec), {**os.environ, **driver.ACTOR_ENV}
+        )
 
     ports, start = begin()
 
@@ -264,6 +288,8 @@ def _ray_start(
                         f"ray start did not return within {RAY_START_TIMEOUT_S} s on {_node_name()}"
                     )
             if start.ready.is_set():
+                if on_lost is not None:
+                    threading.Thread(target=start.when_ended, args=(on_lost,), daemon=True).start()
                 return ports
             failure = f"ray start failed on {_node_name()}: {_last_lines(''.join(start.output))}"
             if attempt == RAY_START_ATTEMPTS:
@@ -278,10 +304,37 @@ def _ray_start(
     return wait
 
 
+def _start_args(
+    extra: list[str], ports: dict[str, int], node_ip: str, temp_dir: str, spec: StudySpec
+) -> list[str]:
+    """The ``ray start --block`` command line: its node's share of the allocation, on ``ports``
+    and a range of worker ports free now."""
+    low = ray_ports.free_range(_WORKER_PORTS + 1, avoid=frozenset(ports.values()))
+    return [
+        _ray(),
+        "start",
+        "--block",
+        *extra,
+        f"--node-ip-address={node_ip}",
+        f"--temp-dir={temp_dir}",
+        f"--num-cpus={cpus_per_trial(spec) * slots_per_node(spec)}",
+        f"--num-gpus={gpus_per_node(spec)}",
+        f"--min-worker-port={low}",
+        f"--max-worker-port={low + _WORKER_PORTS}",
+        "--disable-usage-stats",
+        *(f"--{name}={port}" for name, port in ports.items()),
+    ]
+
+
 def _last_lines(output: str, count: int = 3) -> str:
     """The last lines of a command's output on one line, without the terminal's colour codes."""
-    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", output).splitlines() if line.strip()]
+    lines = [line.strip() for line in _plain(output).splitlines() if line.strip()]
     return " | ".join(lines[-count:])
+
+
+def _plain(text: str) -> str:
+    """``text`` without the terminal's colour codes, stripped."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text).strip()
 
 
 def joined_marker(rdv: Path, rank: int) -> Path:
@@ -304,15 +357,6 @@ def _report_joined(rdv: Path, nodes: int) -> None:
             log.warning(f"ray cluster: only {joined} of {nodes} nodes joined within {JOIN_TIMEOUT_S} s")
             return
         time.sleep(0.5)
-
-
-def _free_ports(count: int) -> list[int]:
-    """Ports free on this node now, held together while chosen so that they differ."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("", 0))
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 def _stop_ray(temp_dir: str, whole_job: bool = True) -> None:
@@ -350,23 +394,6 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def _free_range(count: int, avoid: set[int]) -> int:
-    """The first port of ``count`` consecutive ports free now and distinct from ``avoid``."""
-    for _ in range(100):
-        low = _free_ports(1)[0]
-        candidates = range(low, low + count)
-        if low + count > 65535 or avoid.intersection(candidates):
-            continue
-        try:
-            with contextlib.ExitStack() as stack:
-                for port in candidates:
-                    stack.enter_context(socket.socket()).bind(("", port))
-        except OSError:
-            continue
-        return low
-    raise RuntimeError(f"no {count} consecutive free ports for Ray's workers on {_node_name()}")
 
 
 def _node_name() -> str:

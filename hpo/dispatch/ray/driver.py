@@ -27,10 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import portfolio, record, study_record, warm_start
+from hpo import executors, failures, portfolio, record, study_record, warm_start
 from hpo.budget import admission
-from hpo.dispatch.common import open_study
+from hpo.dispatch.common import (
+    open_study,
+    refuse_during_cancel,
+    refuse_live_jobs_of_other_modes,
+    rerun_set_up_failures,
+)
 from hpo.dispatch.ray import ddp_trial, optuna_search, population
+from hpo.errors import NotReadyError
 from hpo.paths import checkpoint_dir
 from hpo.slurm import accounting
 from hpo.storage import StorageRef
@@ -133,18 +139,48 @@ def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective, pb
     try:
         objective(spec, trial_key, config, TuneReporter())
     except Exception as err:
-        optuna_search.note_failure(spec, tune.get_context().get_trial_id(), err)
-        raise
+        if not _ended_on(spec, err):
+            raise
 
 
-def fail_leftovers(study: optuna.Study) -> int:
+def _ended_on(spec: StudySpec, err: Exception) -> bool:
+    """End a Tune trial on its objective's failure where Tune must not run it again, as the Optuna
+    backend would not: the program's own "loss is nan" (DIVERGED), or a failure no rerun changes
+    (a usage error, a missing module: FAIL with its reason). A result with the metric NaN and the
+    reason says so to the searcher. False: the failure is Tune's to retry."""
+    from ray import tune
+
+    reason = optuna_search.failure_reason(err)
+    failure = failures.classify(reason)
+    if failure.kind == failures.DIVERGED:
+        tune.report({spec.study.metric: math.nan, optuna_search.PROGRAM_DIVERGED: reason})
+        return True
+    optuna_search.note_failure(spec, tune.get_context().get_trial_id(), reason)
+    if failure.permanent:
+        tune.report({spec.study.metric: math.nan, optuna_search.PROGRAM_FAILED: reason})
+        return True
+    return False
+
+
+def fail_leftovers(spec: StudySpec, study: optuna.Study) -> int:
     """Trials RUNNING in the storage when a Ray-backed launch starts belong to a Ray job that has
-    ended (time limit, preemption, crash): they are failed, and the budget goes on counting them."""
-
+    ended (time limit, preemption, crash): they are failed, and the budget goes on counting them.
+    Those of another launch mode whose jobs still run, or of another Ray job that still runs (a
+    local launch beside the study's allocation), refuse the launch in one line."""
+    this_job = os.environ.get("SLURM_JOB_ID")
+    refuse_live_jobs_of_other_modes(spec, study, record.DispatchMode.RAY)
     failed = 0
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         if record.dispatch_mode(trial) not in (None, record.DispatchMode.RAY):
             continue
+        job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
+        if job_id is not None and str(job_id) != this_job and not str(job_id).startswith("local-"):
+            slurm = executors.on_slurm()
+            if not slurm.ended(str(job_id), slurm.job(spec, str(job_id))):
+                raise NotReadyError(
+                    f"study {spec.study.name!r}: its Ray job {job_id} still runs trial {trial.number}",
+                    "relaunch with the same executor to follow it, or end it with `hpo cancel`",
+                )
         record.fail(study, trial, "its Ray job ended first")
         failed += 1
     return failed
@@ -170,13 +206,18 @@ def run(
     objective = objective or TrainerObjective(",".join(population.mutations(spec)) if pbt else "")
     started = time.time()  # an `hpo cancel` from before this launch does not stop it
     study, backend, planned = open_study(spec, storage, reseed=False, allow_space_change=allow_space_change)
-    leftovers = fail_leftovers(study)
+    if cluster is None:  # a local launch (in an allocation, the launcher that submitted it checked)
+        refuse_during_cancel(spec, study)
+    leftovers = fail_leftovers(spec, study)
     study_record.clear_failing_stop(study)  # an earlier launch's verdict: this one judges its own trials
     warm_start.apply(spec, study, planned, log)
     study_record.enqueue_first_trials(study, portfolio.first_trials(study, spec))
     remaining = spec.study.n_trials - record.started_count(study)
     log(f"study {spec.study.name!r}: {spec.study.n_trials - remaining} of {spec.study.n_trials} trials stored"
         + (f" ({leftovers} left running by an ended Ray job, now failed)" if leftovers else ""))  # fmt: skip
+    if remaining == spec.study.n_trials and (said := portfolio.coverage_line(spec)):
+        log(said)
+    rerun_set_up_failures(study, log)
     if remaining <= 0:
         return
     job_id = os.environ.get("SLURM_JOB_ID", f"local-{os.getpid()}")

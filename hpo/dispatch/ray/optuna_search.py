@@ -19,6 +19,7 @@ import optuna
 from hpo import record, search
 from hpo.budget.admission import ADMITTED, Admission
 from hpo.paths import private_dir, trial_dir
+from hpo.slurm import accounting
 from hpo.trial import measured
 
 if TYPE_CHECKING:
@@ -53,13 +54,24 @@ its objective failed with. Tune tells a searcher only that a trial raised; fail 
 (``hpo.budget.failing``) reads what it raised, as on the Optuna backend."""
 
 
-def note_failure(spec: StudySpec, tune_trial_id: str, err: BaseException) -> None:
-    """Keep the reason a Tune trial's objective failed with, worded as ``hpo.trial.task`` words it."""
+PROGRAM_DIVERGED = "hpo_diverged"
+"""A Tune result's key for the program's own words when it ended on a divergence ("loss is nan")."""
+PROGRAM_FAILED = "hpo_failed"
+"""A Tune result's key for a failure no rerun changes (a usage error, a missing module): the trial
+ends with it instead of raising, so that Tune does not run it again ``max_retries`` times."""
+
+
+def failure_reason(err: BaseException) -> str:
+    """The reason a Tune trial's objective failed with, worded as ``hpo.trial.task`` words it."""
     from hpo.errors import one_line
     from hpo.trial.objective import ObjectiveFailed
 
+    return one_line(err, name=not isinstance(err, ObjectiveFailed))
+
+
+def note_failure(spec: StudySpec, tune_trial_id: str, reason: str) -> None:
+    """Keep the reason a Tune trial failed with, for the searcher to store with the trial."""
     folder = private_dir(trial_dir(spec, f"ray-{tune_trial_id}"))
-    reason = one_line(err, name=not isinstance(err, ObjectiveFailed))
     (folder / FAIL_REASON_FILE).write_text(reason + "\n")
 
 
@@ -106,18 +118,42 @@ def _ended_attrs(
     """The epochs an ended Tune trial trained, and its attributes (its noted reason if it raised)."""
     epochs_done = int(result.get("training_iteration", 0)) if result else 0
     attrs = measured.tune_result_attrs(result, epochs_done, error, spec.resources.tasks_per_node)
+    if record.ATTR_ELAPSED_S in attrs:  # its cost, as a per-trial job's own (hpo studies sums them)
+        hours = float(attrs[record.ATTR_ELAPSED_S]) / 3600
+        attrs[record.ATTR_GPU_HOURS] = round(hours * accounting.trial_gpus(spec), 6)
+        attrs[record.ATTR_CPU_HOURS] = round(hours * spec.resources.cpus_per_task * spec.trial_ranks, 6)
     if error and (reason := _noted_failure(spec, trial_id)):
         attrs[record.ATTR_FAIL_REASON] = reason
     return epochs_done, attrs
 
 
+def _tell_ended(
+    spec: StudySpec,
+    study: optuna.Study,
+    ot_trial: optuna.Trial,
+    trial_id: str,
+    result: dict[str, Any] | None,
+    error: bool,
+    where: dict[str, Any],
+    epochs: int,
+    diverged: tuple[int, str] | None,
+) -> None:
+    """Tune's ended trial into the study with its attributes; a failure's own result (a failure
+    no rerun changes, ended without raising) is no epoch, and the trial FAIL."""
+    failed = bool(result and result.get(PROGRAM_FAILED))
+    epochs_done, attrs = _ended_attrs(spec, trial_id, result, error or failed)
+    record.set_attrs(ot_trial, {**where, **attrs})
+    value = None if not result or failed else result.get(spec.study.metric)
+    _tell(study, ot_trial, value, epochs_done - failed, epochs, error or failed, diverged)
+
+
 def _divergence(metric: str, result: dict[str, Any]) -> tuple[int, str] | None:
     """The step and reason of a Tune result whose metric is NaN or infinite, else None."""
     value = result.get(metric)
-    if not isinstance(value, float) or math.isfinite(value):
+    if not isinstance(value, float) or math.isfinite(value) or result.get(PROGRAM_FAILED):
         return None
     step = int(result.get("training_iteration", 0))
-    return step, f"{record.REASON_DIVERGED} {step}: {metric}={value}"
+    return step, f"{record.REASON_DIVERGED} {step}: {result.get(PROGRAM_DIVERGED) or f'{metric}={value}'}"
 
 
 def study_search(
@@ -153,25 +189,22 @@ def study_search(
 
         def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
             found = _divergence(self.metric, result)
-            if found is None:
-                super().on_trial_result(trial_id, result)
-            else:  # not stored as an intermediate value: the trial is told DIVERGED at its end
+            if found is not None:  # not stored as an intermediate value: told DIVERGED at its end
                 diverged.setdefault(trial_id, found)
+            elif not result.get(PROGRAM_FAILED):  # a failure's result: told FAIL at its end
+                super().on_trial_result(trial_id, result)
 
         def on_trial_complete(
             self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
         ) -> None:
             if trial_id in self._completed_trials or trial_id not in self._ot_trials:
                 return
-            ot_trial = self._ot_trials[trial_id]
-            epochs_done, attrs = _ended_attrs(spec, trial_id, result, error)
-            record.set_attrs(ot_trial, {**where, **attrs})
             assert self._ot_study is not None  # set up before the first trial is suggested
-            value = None if not result else result.get(self.metric)
-            _tell(self._ot_study, ot_trial, value, epochs_done, epochs, error, diverged.get(trial_id))
+            ot_trial, at = self._ot_trials[trial_id], diverged.get(trial_id)
+            _tell_ended(spec, self._ot_study, ot_trial, trial_id, result, error, where, epochs, at)
             self._completed_trials.add(trial_id)
 
-    sampler = search.build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source)
+    sampler = search.sampler_for(spec)
     return StudySearch(
         space=search.distributions(spec),
         metric=spec.study.metric,

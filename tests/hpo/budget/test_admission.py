@@ -66,7 +66,10 @@ def test_the_first_rule_that_closes_answers_in_the_order_users_see(tmp_path: Pat
     assert (answer.open, answer.kind) == (False, admission.DEADLINE)
     answer = admission.decide(study, spec, **everything)
     assert answer.kind == admission.CANCELLED and answer.cancel_requested_at == now - 1
-    # A cancel from before this launch is not its own.
+    # A cancel still under way (its `hpo cancel` has not returned) holds a launch begun meanwhile;
+    # one that has returned, from before this launch, is not its own.
+    assert admission.decide(study, spec, **{**everything, "started": now}).kind == admission.CANCELLED
+    study_record.end_cancel(study, now - 1)
     answer = admission.decide(study, spec, **{**everything, "started": now})
     assert answer.kind == admission.FAILING and answer.failing_verdict is not None
     assert answer.reason.startswith("trials 0 and 1 failed the same way and none succeeded: ")
@@ -141,7 +144,7 @@ def test_a_launcher_judges_the_stop_rules_and_a_worker_obeys_the_stored_verdict(
     now = time.time()
     answer = admission.decide(study, spec, now=now, started=now - 10)
     assert answer.kind == admission.STOP_RULE and answer.stop_verdict is not None
-    assert answer.reason == "no improvement larger than 0 in the last 2 finished trials (best 1.0000)"
+    assert answer.reason == "no improvement larger than 0 in the last 2 finished trials (best 1)"
     assert admission.decide(study, spec, now=now, started=now - 10, judge=False).open  # nothing new ended
     # A worker judges no stop rule (its launcher stores the verdict) ...
     assert admission.decide(study, spec, now=now, started=now - 10, role=admission.WORKER).open

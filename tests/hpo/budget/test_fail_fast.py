@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 import pytest
 
-from hpo import failures, record
+from hpo import failures, record, requeue
 from hpo.budget import failing
 from hpo.config.schema import build_spec
 from tests.hpo.helpers import (
@@ -100,7 +100,8 @@ def _study_jobs(document: dict[str, Any], expected: int) -> dict[str, str]:
 def test_a_launch_whose_first_trials_fail_the_same_way_stops_after_two(
     tmp_path: Path, local_cluster: str, case: str, command: list[str], pattern: str, cause: str
 ) -> None:
-    document, study_file = _study(tmp_path, command, pattern)
+    # The user's baseline, enqueued: it runs first, so the mistake fails it.
+    document, study_file = _study(tmp_path, command, pattern, enqueue=[{"x": 1.7}])
 
     proc = run_hpo("launch", str(study_file), timeout=600)
 
@@ -108,7 +109,7 @@ def test_a_launch_whose_first_trials_fail_the_same_way_stops_after_two(
     [error] = proc.stderr.strip().splitlines()[-1:]
     assert error.startswith("hpo launch: error: trials 0 and 1 failed the same way") and cause in error, error
     key = "objective.metric_pattern" if case == "pattern" else "objective.command"
-    assert f"{key} in {study_file}" in error or f"{key} matched" in error, error
+    assert f"{key} in {study_file}" in error or f"{key} read no number" in error, error
     trials = load_trials(document)
     assert [t.state.name for t in trials] == ["FAIL", "FAIL"], [(t.number, t.state.name) for t in trials]
     assert not any("retry_of" in t.user_attrs for t in trials)  # not retried: no rerun changes it
@@ -131,8 +132,16 @@ def test_a_launch_whose_first_trials_fail_the_same_way_stops_after_two(
     document["objective"]["metric_pattern"] = PATTERN
     fixed = run_hpo("launch", str(write_study(study_file, document)), timeout=600)
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-    states = [t.state.name for t in load_trials(document)]
+    trials = load_trials(document)
+    states = [t.state.name for t in trials]
     assert states.count("COMPLETE") == 6 and states.count("FAIL") == 2, states
+    # The baseline the mistake failed runs after the fix, first, and the launcher says so.
+    assert (
+        "1 enqueued configuration(s) that a set-up mistake failed on an earlier launch (trial 0)"
+        in fixed.stdout
+    )
+    [rerun] = [t for t in trials if t.user_attrs.get(record.ATTR_RERUN_OF) == 0]
+    assert (rerun.number, rerun.params["x"], rerun.state.name) == (2, 1.7, "COMPLETE")
     assert "last launch stopped" not in run_hpo("status", str(study_file)).stdout
 
 
@@ -145,8 +154,10 @@ def test_workers_stop_pulling_trials_once_the_first_fail_the_same_way(tmp_path: 
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "failed the same way" in proc.stderr.strip().splitlines()[-1], proc.stderr
     trials = load_trials(document)
-    # Each worker checks before it asks: a worker may start one trial while the other's fails.
-    assert 2 <= len(trials) <= 4 and {t.state.name for t in trials} == {"FAIL"}, len(trials)
+    # Each worker checks before it asks, and after a first failure no rerun changes waits for the
+    # other's trial (before: 3 or 4 trials). Only a worker that starts after the other's first trial
+    # has failed can add one.
+    assert 2 <= len(trials) <= 3 and {t.state.name for t in trials} == {"FAIL"}, len(trials)
 
 
 @pytest.mark.slow
@@ -233,13 +244,14 @@ def test_check_runs_the_command_to_its_first_report_and_names_the_key_of_a_mista
         ),
         ("the command exited with status 1: rsync: unknown option -- z", "usage"),
         ("job 812_3 PREEMPTED without telling a result: slurmstepd: error: *** JOB CANCELLED", "cluster"),
-        ("the command was killed by SIGKILL; last output line: 'epoch 2'", "cluster"),
+        ("the command was killed by SIGKILL; last output line: 'epoch 2'", "killed"),
+        ("the command was killed by SIGTERM; last output line: 'epoch 2'", "cluster"),
     ],
 )
 def test_a_fail_reason_is_classified(reason: str, kind: str) -> None:
     failure = failures.classify(reason)
     assert failure.kind == kind
-    assert failure.permanent == (kind not in ("other", "cluster"))
+    assert failure.permanent == (kind not in ("other", "cluster", "killed"))
 
 
 def _failed(number: int, x: float, reason: str, **attrs: Any) -> optuna.trial.FrozenTrial:
@@ -318,7 +330,7 @@ def test_a_failure_no_rerun_changes_is_not_retried(tmp_path: Path) -> None:
         trial = study.ask({"x": optuna.distributions.FloatDistribution(0.0, 10.0)})
         record.fail(study, trial, reason)
         assert trial.number == number
-    assert record.queue_retries(study, max_retries=1) == [1]
+    assert requeue.queue_retries(study, max_retries=1) == [1]
 
 
 # --- failures that depend on the parameters are the trials' own ------------------------------------
@@ -364,6 +376,89 @@ def test_failures_only_some_parameters_cause_never_stop_the_study() -> None:
     assert not failing.suspect([_failed_at(0, 0.9, nan)])
 
 
+BATCH = optuna.distributions.CategoricalDistribution([512, 32, 128, 64])
+
+
+def _failed_with(number: int, params: dict[str, Any], reason: str, **attrs: Any) -> optuna.trial.FrozenTrial:
+    trial = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.FAIL,
+        params=params,
+        distributions={"lr": LR, "batch_size": BATCH},
+        user_attrs={record.ATTR_FAIL_REASON: reason, **attrs},
+    )
+    trial.number = number
+    return trial
+
+
+def _out_of_memory(
+    number: int, params: dict[str, Any], batch: optuna.distributions.BaseDistribution = BATCH
+) -> optuna.trial.FrozenTrial:
+    trial = optuna.trial.create_trial(
+        value=0.0,
+        params=params,
+        distributions={"lr": LR, "batch_size": batch},
+        user_attrs={record.ATTR_FAIL_REASON: "CUDA out of memory", record.ATTR_INFEASIBLE: True},
+    )
+    trial.number = number
+    return trial
+
+
+@pytest.mark.fast
+def test_a_failure_only_one_categorical_value_causes_never_stops_the_study() -> None:
+    # The same crash at three learning rates spread over the range, all at batch size 512.
+    at_512 = [_failed_with(i, {"lr": lr, "batch_size": 512}, CRASH) for i, lr in enumerate((0.02, 0.9, 0.1))]
+    assert failing.confined(at_512) and failing.check(at_512) is None
+    # At two batch sizes it is no longer one value's doing.
+    mixed = [*at_512[:2], _failed_with(2, {"lr": 0.1, "batch_size": 32}, CRASH)]
+    assert not failing.confined(mixed) and failing.check(mixed) is not None
+    # A categorical of words: one value is confined, two are not.
+    words = optuna.distributions.CategoricalDistribution(["sgd", "adamw"])
+
+    def crashed(number: int, lr: float, optimizer: str) -> optuna.trial.FrozenTrial:
+        trial = optuna.trial.create_trial(
+            state=optuna.trial.TrialState.FAIL,
+            params={"lr": lr, "optimizer": optimizer},
+            distributions={"lr": LR, "optimizer": words},
+            user_attrs={record.ATTR_FAIL_REASON: CRASH},
+        )
+        trial.number = number
+        return trial
+
+    assert failing.confined([crashed(0, 0.02, "sgd"), crashed(1, 0.9, "sgd"), crashed(2, 0.1, "sgd")])
+    assert not failing.confined([crashed(0, 0.02, "sgd"), crashed(1, 0.9, "adamw"), crashed(2, 0.1, "sgd")])
+
+
+@pytest.mark.fast
+def test_every_trial_killed_or_out_of_memory_stops_the_study_unless_the_parameters_explain_it() -> None:
+    # A memory limit too small for any configuration: SIGKILLed at every batch size and lr.
+    killed = "the command was killed by SIGKILL; last output line: 'epoch {}'"
+    spread = [(0.02, 512), (0.9, 32), (0.1, 128)]
+    kills = [
+        _failed_with(i, {"lr": lr, "batch_size": b}, killed.format(i)) for i, (lr, b) in enumerate(spread)
+    ]
+    # Retried (a neighbour's memory may have done it), but two parameter sets decide, as a memory
+    # limit too small for every configuration must not spend the budget and its retries.
+    assert failing.check(kills[:1]) is None and failing.suspect(kills[:1])
+    verdict = failing.check(kills[:2])
+    assert verdict is not None and verdict.failure.kind == "killed" and verdict.trials == [0, 1]
+    # Out of memory (told infeasible) at every batch size: the same.
+    ooms = [_out_of_memory(i, {"lr": lr, "batch_size": b}) for i, (lr, b) in enumerate(spread)]
+    verdict = failing.check(ooms)
+    assert verdict is not None and verdict.failure.kind == "out of memory" and verdict.trials == [0, 1]
+    # Only at the two largest batch sizes, read by value whatever the order of the choices (by list
+    # position 512 and 256 lie apart): the parameters' doing, never a verdict.
+    batches = optuna.distributions.CategoricalDistribution([512, 16, 256, 32, 128, 64, 8])
+    large = []
+    for number, (lr, size) in enumerate(zip((0.02, 0.9, 0.1, 0.3), (512, 256, 512, 256), strict=True)):
+        large.append(_out_of_memory(number, {"lr": lr, "batch_size": size}, batches))
+    assert failing.confined(large) and failing.check(large) is None
+    # A success first: later kills are the trials' own.
+    done = optuna.trial.create_trial(
+        value=0.5, params={"lr": 0.1, "batch_size": 32}, distributions={"lr": LR, "batch_size": BATCH}
+    )
+    assert failing.check([done, *kills]) is None
+
+
 @pytest.mark.fast
 def test_a_study_that_ever_succeeded_is_never_stopped_by_fail_fast() -> None:
     study = optuna.create_study()
@@ -376,7 +471,7 @@ def test_a_study_that_ever_succeeded_is_never_stopped_by_fail_fast() -> None:
     trial = diverged.ask({"x": optuna.distributions.FloatDistribution(0.0, 10.0)})
     record.tell_diverged(diverged, trial, "diverged at step 1: score=nan", 1)
     [frozen] = diverged.get_trials()
-    assert record.shown_state(frozen) == "DIVERGED" and not record.queue_retries(diverged, max_retries=2)
+    assert record.shown_state(frozen) == "DIVERGED" and not requeue.queue_retries(diverged, max_retries=2)
     assert failing.check([frozen, *mistakes], diverged) is not None
 
 
@@ -399,7 +494,7 @@ def test_a_queued_retry_of_a_failure_no_rerun_changes_is_closed_not_run() -> Non
             system_attrs={record.SYSTEM_ATTR_FAILED_TRIAL: 0, record.SYSTEM_ATTR_RETRY_HISTORY: [0]},
         )
     )  # fmt: skip
-    assert record.queue_retries(study, max_retries=3) == []
+    assert requeue.queue_retries(study, max_retries=3) == []
     retry = study.get_trials()[1]
     assert retry.state.name == "FAIL" and retry.user_attrs[record.ATTR_NOT_RUN], retry.user_attrs
     assert [t.number for t in record.counted_trials(study)] == [0]

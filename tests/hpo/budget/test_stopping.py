@@ -30,20 +30,26 @@ def quickstart(tmp_path: Path, name: str, *settings: str) -> list[str]:
     return [QUICKSTART, *(arg for s in sets for arg in ("--set", s))]
 
 
-def stand_in_launch(tmp_path: Path, name: str, **rule: object) -> list[str]:
+def stand_in_launch(
+    tmp_path: Path, name: str, pruner: dict[str, object] | None = None, **rule: object
+) -> list[str]:
     """The arguments of `hpo launch` for a 10-trial study of the stand-in, 2 in flight, TPE after 4
-    random trials, with the stop rule ``rule``: its journal is where `stored` reads it."""
+    random trials, with the stop rule ``rule`` (and ``pruner`` in place of the stand-in's): its
+    journal is where `stored` reads it."""
+    study: dict[str, object] = {
+        "n_trials": 10,
+        "enqueue": [],
+        "sampler": {"name": "tpe", "seed": 0, "options": {"n_startup_trials": 4}},
+        "stop": rule,
+    }
+    if pruner is not None:
+        study["pruner"] = pruner
     document = stand_in_study(
         tmp_path,
         name,
         epoch_s=0.2,
         workdir=tmp_path / name,
-        study={
-            "n_trials": 10,
-            "enqueue": [],
-            "sampler": {"name": "tpe", "seed": 0, "options": {"n_startup_trials": 4}},
-            "stop": rule,
-        },
+        study=study,
     )
     return [str(write_study(tmp_path / f"{name}.yaml", document))]
 
@@ -65,8 +71,16 @@ def test_a_patience_rule_ends_a_study_early_and_status_says_why(tmp_path: Path) 
     # three trials in a row are seen after the first four complete ones.
     # The Terminator beside it, with a noise no regret bound of 4 trials gets under: it records its
     # decision to go on at each look.
+    # No pruner: min_trials counts complete trials, and with pruning the 4th may come as the 10th.
     args = stand_in_launch(
-        tmp_path, "patience", patience=3, min_improvement=0.5, min_trials=4, terminator=True, noise=0.0001
+        tmp_path,
+        "patience",
+        pruner={"name": "none"},
+        patience=3,
+        min_improvement=0.5,
+        min_trials=4,
+        terminator=True,
+        noise=0.0001,
     )
     proc = run_hpo("launch", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -97,8 +111,11 @@ def test_a_patience_rule_ends_a_study_early_and_status_says_why(tmp_path: Path) 
 
 def test_the_terminator_records_its_decision_and_ends_the_study_below_the_noise(tmp_path: Path) -> None:
     # The metric's noise given as 0.5 of accuracy: any regret bound of these trials is below it,
-    # so the Terminator stops the study as soon as it may look (4 complete trials).
-    args = stand_in_launch(tmp_path, "terminator", terminator=True, noise=0.5, min_trials=4)
+    # so the Terminator stops the study as soon as it may look (4 complete trials). No pruner: the
+    # Terminator counts complete trials only, and with pruning the 4th may come as the 10th trial.
+    args = stand_in_launch(
+        tmp_path, "terminator", pruner={"name": "none"}, terminator=True, noise=0.5, min_trials=4
+    )
     proc = run_hpo("launch", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Optuna's Terminator: regret bound" in proc.stdout, proc.stdout

@@ -151,7 +151,10 @@ def test_a_study_file_without_sampler_and_pruner_gets_the_measured_defaults(
     # TPE with Optuna's 10 start-up trials after the learned starting portfolio, no pruner
     # (bench/replay.py).
     assert (spec.study.sampler.name, spec.study.sampler.options) == ("tpe", {})
-    assert spec.study.portfolio == 4 and (spec.study.pruner.name, spec.study.pruner.options) == ("none", {})
+    assert spec.study.portfolio.size == 4 and (spec.study.pruner.name, spec.study.pruner.options) == (
+        "none",
+        {},
+    )
     # A pruner section without a name: empty is the default; options alone (one option set with
     # --set) are median stopping's from 4/9 of the run; a median named explicitly keeps Optuna's
     # own defaults.
@@ -170,9 +173,9 @@ def test_a_study_file_without_sampler_and_pruner_gets_the_measured_defaults(
         assert (spec.study.pruner.name, spec.study.pruner.options) == expected, pruner
     # A study file that names its sampler gets no portfolio unless it asks for one.
     document["study"]["sampler"] = {"name": "tpe"}
-    assert load_study(write_study(tmp_path / "s.yaml", document)).study.portfolio == 0
+    assert load_study(write_study(tmp_path / "s.yaml", document)).study.portfolio.size == 0
     document["study"]["portfolio"] = 2
-    assert load_study(write_study(tmp_path / "s.yaml", document)).study.portfolio == 2
+    assert load_study(write_study(tmp_path / "s.yaml", document)).study.portfolio.size == 2
     del document["study"]["pruner"], document["study"]["portfolio"]
     # A multi-objective study cannot be pruned: options without a name give none, not an error.
     document["study"]["also_minimize"] = "cpu_hours"
@@ -733,3 +736,37 @@ def test_a_parameter_the_command_never_names_is_a_warning_not_an_error(tmp_path:
     assert (
         yaml.safe_load(proc.stdout)["objective"]["metric_pattern"] == document["objective"]["metric_pattern"]
     )
+
+
+@pytest.mark.fast
+def test_slurm_keys_with_the_local_executor_get_one_warning_line(tmp_path: Path) -> None:
+    # A forgotten `executor: slurm`: the account, partition and setup given, every trial local.
+    document = base_document(tmp_path, QUICKSTART)
+    document["resources"].update(partition="gpu_p5", account="abc@a100", setup=["module load pytorch"])
+    study_file = write_study(tmp_path / "s.yaml", document)
+    assert load_study(study_file).warnings == [
+        f"{study_file}: resources.executor is local, so resources.partition, resources.account, "
+        "resources.setup are not used: every trial runs on this machine (set resources.executor: "
+        "slurm, or launch with --executor slurm)"
+    ]
+    assert load_study(study_file, ["resources.executor=slurm"]).warnings == []
+    dry = run_hpo_here("launch", str(study_file), "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0 and dry.stderr.count("warning: ") == 1, dry.stderr
+    assert "resources.partition, resources.account, resources.setup are not used" in dry.stderr
+
+
+@pytest.mark.fast
+def test_a_dry_run_says_the_most_the_study_can_cost_and_what_its_budget_caps(tmp_path: Path) -> None:
+    document = base_document(tmp_path, QUICKSTART)
+    document["study"]["n_trials"] = 12
+    document["resources"].update(time="30m", cpus_per_task=2)
+    study_file = write_study(tmp_path / "s.yaml", document)
+    dry = run_hpo_here("launch", str(study_file), "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    # 12 trials x 0.5 h x 2 CPUs.
+    assert (
+        "# expected cost: at most 12.0 CPU-hours (12 trials, each up to its 30-min time limit on 2 CPUs; "
+        "pruned and faster trials cost less)\n"
+    ) in dry.stdout, dry.stdout
+    capped = run_hpo_here("launch", str(study_file), "--dry-run", "--set", "study.budget=5", cwd=tmp_path)
+    assert "cost less); study.budget stops it at 5 CPU-hours\n" in capped.stdout, capped.stdout

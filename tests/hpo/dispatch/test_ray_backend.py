@@ -29,14 +29,13 @@ from tests.hpo.helpers import (
 pytestmark = [pytest.mark.slow, pytest.mark.ray_ports]
 
 
-def test_local_ray_backend_runs_a_study_with_asha_into_the_optuna_storage(
-    tmp_path: Path, fashion_mnist_root: str
-) -> None:
-    document = study_document(
+def test_local_ray_backend_runs_a_study_with_asha_into_the_optuna_storage(tmp_path: Path) -> None:
+    # The torch-free stand-in's trials (helpers.py): ASHA and the storage are the subject here; the
+    # trainer's own trials on Ray are the PBT and DDP tests' below.
+    document = stand_in_study(
+        tmp_path,
         "ray-study",
-        tmp_path / "work",
         study={"backend": "ray", "n_trials": 6, "enqueue": [GOOD, {**GOOD, "lr": 0.2}, BAD]},
-        trainer={"test_held_out": True},
     )
     study_file = write_study(tmp_path / "study.yaml", document)
     proc = run_hpo("launch", str(study_file))
@@ -50,12 +49,16 @@ def test_local_ray_backend_runs_a_study_with_asha_into_the_optuna_storage(
         epochs = sorted(trial.intermediate_values)
         assert epochs == list(range(1, len(epochs) + 1)), trial.intermediate_values
         assert (trial.user_attrs["executor"], trial.user_attrs["dispatch"]) == ("local", "ray")
-        assert trial.user_attrs["epochs_completed"] == len(epochs)
         assert len(epochs) == 3 if trial.state.name == "COMPLETE" else len(epochs) < 3
-        assert ("test_accuracy" in trial.user_attrs) == (trial.state.name == "COMPLETE"), trial.user_attrs
     status = run_hpo("status", str(study_file))
     assert status.returncode == 0, status.stderr
     assert status.stdout.startswith("study ray-study: 6 of 6 trials;")
+    # `hpo studies` counts the local Ray trials' CPU time too (each trial's elapsed x its CPUs).
+    listed = run_hpo("studies", "--storage", f"journal:{tmp_path / 'work' / 'optuna.journal'}")
+    [line] = [line for line in listed.stdout.splitlines() if "ray-study" in line]
+    hours = float(re.search(r"([0-9.e-]+) CPU-h", line).group(1))  # type: ignore[union-attr]
+    elapsed = sum(t.user_attrs["elapsed_s"] for t in trials) / 3600
+    assert hours == pytest.approx(elapsed, rel=0.01), (line, elapsed)
 
     # Launched again, the study is complete: nothing runs twice.
     again = run_hpo("launch", str(study_file))
@@ -95,10 +98,14 @@ def test_ray_cluster_inside_one_slurm_job_spanning_both_nodes_beside_a_second_ra
     # While it runs: `hpo tunnel` names the head and the dashboard port, and the dashboard answers.
     deadline = time.monotonic() + 180
     while True:
-        tunnel = run_hpo("tunnel", str(study_file), "--storage", fresh_database)
-        if tunnel.returncode == 0:
-            break
-        assert time.monotonic() < deadline and launcher.poll() is None, tunnel.stderr
+        # Asked once the head has written where it listens (work/ray/JOB.json): each `hpo tunnel`
+        # costs a second of CPU, a glob nothing.
+        if list((tmp_path / "work" / "ray").glob("*.json")):
+            tunnel = run_hpo("tunnel", str(study_file), "--storage", fresh_database)
+            if tunnel.returncode == 0:
+                break
+            assert time.monotonic() < deadline and launcher.poll() is None, tunnel.stderr
+        assert time.monotonic() < deadline and launcher.poll() is None, "the Ray head never wrote its address"
         time.sleep(1)
     match = re.search(r"ssh -N -L 8265:127\.0\.0\.1:(\d+) -J \S+ (f1|f2)", tunnel.stdout)
     assert match, tunnel.stdout
@@ -158,11 +165,22 @@ def test_relaunch_after_the_ray_job_is_cancelled_resumes_without_counting_a_tria
             and any(t.state.name == "RUNNING" for t in trials)
         ),
     )
+    # The launcher is killed; its Ray job runs on. A relaunch on the Optuna backend meanwhile is
+    # refused in one line naming the job, and fails none of the trials the job still runs.
+    launcher.kill()
+    launcher.communicate(timeout=60)
+    running = {t.number for t in load_trials(document, fresh_database) if t.state.name == "RUNNING"}
+    other = run_hpo("launch", str(study_file), "--storage", fresh_database, "--backend", "optuna")
+    assert other.returncode == 3, other.stdout + other.stderr
+    [refusal] = other.stderr.strip().splitlines()
+    assert re.search(
+        r"trials running in jobs of another launch mode \(slurm job \d+ \(ray\): trial", refusal
+    ), refusal
+    states = {t.number: t.state.name for t in load_trials(document, fresh_database)}
+    assert all(states[n] in ("RUNNING", "COMPLETE", "PRUNED") for n in running), states  # none failed
     cancel = run_hpo("cancel", str(study_file), "--storage", fresh_database)
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     assert re.search(r"^Ray job \d+: cancelled$", cancel.stdout, re.M), cancel.stdout
-    output = launcher.communicate(timeout=120)[0]
-    assert launcher.returncode != 0 and "CANCELLED" in output, output
     cut_short = load_trials(document, fresh_database)
     before = {t.number: t.state.name for t in cut_short}
     # Nothing of the cancelled job's Ray outlives it (its GCS once did: `ray start` without
@@ -188,12 +206,15 @@ def test_relaunch_after_the_ray_job_is_cancelled_resumes_without_counting_a_tria
     assert all(t.state.name == "FAIL" for t in first if "job_id" not in t.user_attrs)
     first_job = {t.user_attrs["job_id"] for t in first if "job_id" in t.user_attrs}
     added = [t for t in trials if t.number not in before]
-    assert added and all(t.user_attrs["job_id"] not in first_job for t in added)
+    # On a loaded machine Tune may have asked for all 6 before the cancel landed: nothing to add.
+    assert added or len(before) == 6, before
+    assert all(t.user_attrs["job_id"] not in first_job for t in added)
     proc = subprocess.run(
         ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "--name", f"hpo-{name}:ray", "-S", "now-1hour"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
-    assert len(proc.stdout.splitlines()) == 2, proc.stdout  # the cancelled job and the one that finished
+    # The cancelled job, and the relaunch's own where it had trials to add.
+    assert len(proc.stdout.splitlines()) == (2 if added else 1), proc.stdout
 
 
 def test_population_based_training_records_each_member_and_what_it_took_from_others(
@@ -212,7 +233,7 @@ def test_population_based_training_records_each_member_and_what_it_took_from_oth
                 "options": {"perturbation_interval": 1, "quantile_fraction": 0.5, "mutations": ["lr"]},
             },
         },
-        trainer={"epochs": 4, "max_steps_per_epoch": 10, "val_fraction": 0.03},
+        trainer={"epochs": 4, "max_steps_per_epoch": 10, "val_fraction": 0.03, "test_held_out": True},
     )
     study_file = write_study(tmp_path / "study.yaml", document)
     proc = run_hpo("launch", str(study_file))
@@ -226,6 +247,7 @@ def test_population_based_training_records_each_member_and_what_it_took_from_oth
         # A member that takes the weights of one ahead of it skips to its epoch.
         assert epochs[-1] == 4 and epochs == sorted(set(epochs)), trial.intermediate_values
         assert trial.user_attrs["epochs_completed"] == 4
+        assert 0 < trial.user_attrs["test_accuracy"] <= 1  # on the held-out test images, at the end
     schedule = bad.user_attrs["pbt_schedule"]
     assert schedule and schedule[0]["weights_of_trial"] == good.number, schedule
     for change in schedule:
@@ -341,7 +363,9 @@ def test_the_ray_backend_starts_no_trial_past_the_compute_budget(tmp_path: Path)
 
 
 USAGE_SCRIPT = r"""
-import argparse
+import argparse, pathlib
+with (pathlib.Path(__file__).parent / "runs.txt").open("a") as runs:
+    runs.write("run\n")
 parser = argparse.ArgumentParser(prog="train.py")
 parser.add_argument("--x", type=float, required=True)
 args = parser.parse_args()
@@ -351,7 +375,8 @@ print(f"epoch 1 score {args.x:.4f}", flush=True)
 
 def test_fail_fast_stops_a_ray_launch_whose_first_trials_fail_the_same_way(tmp_path: Path) -> None:
     """A command with a flag the script does not know, on a local Ray instance: the launch stops
-    after 2 trials, as on the Optuna backend, with the same line and exit status."""
+    after 2 trials, as on the Optuna backend, with the same line and exit status, and Tune does
+    not run them again (no rerun changes a usage error; before, each ran max_retries times more)."""
     (tmp_path / "train.py").write_text(USAGE_SCRIPT)
     document = score_study(
         tmp_path,
@@ -364,11 +389,13 @@ def test_fail_fast_stops_a_ray_launch_whose_first_trials_fail_the_same_way(tmp_p
         backend="ray",
         n_trials=6,
         max_concurrent=2,
-        max_retries=0,
+        max_retries=1,
     )
     study_file = write_study(tmp_path / "study.yaml", document)
 
     proc = run_hpo("launch", str(study_file), timeout=600)
+
+    assert (tmp_path / "runs.txt").read_text().split() == ["run", "run"], proc.stdout
 
     assert proc.returncode == 1, proc.stdout + proc.stderr
     [error] = proc.stderr.strip().splitlines()[-1:]

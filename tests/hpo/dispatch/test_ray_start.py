@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import socket
 import threading
 import time
@@ -12,6 +15,7 @@ import pytest
 
 from hpo.config import load_study
 from hpo.dispatch.ray import cluster
+from hpo.dispatch.ray import ports as ray_ports
 from tests.hpo.helpers import processes_with, study_document, write_study
 
 
@@ -24,15 +28,15 @@ def test_a_ray_start_whose_port_was_taken_meanwhile_starts_again_on_other_ports(
     taken = socket.create_server(("", 0))
     calls = []
 
-    def first_choice_taken(count: int) -> list[int]:
-        ports = real_free_ports(count)
+    def first_choice_taken(count: int, avoid: frozenset[int] = frozenset()) -> list[int]:
+        ports = real_free_ports(count, avoid)
         if not calls:  # the GCS port of the first start
             ports[0] = taken.getsockname()[1]
         calls.append(count)
         return ports
 
-    real_free_ports = cluster._free_ports
-    monkeypatch.setattr(cluster, "_free_ports", first_choice_taken)
+    real_free_ports = ray_ports.free_ports
+    monkeypatch.setattr(ray_ports, "free_ports", first_choice_taken)
     temp_dir = f"/tmp/ray-test-{uuid.uuid4().hex[:6]}"
     try:
         ports = cluster._ray_start(
@@ -73,5 +77,38 @@ def test_a_node_still_starting_when_the_study_ends_leaves_at_once(tmp_path: Path
         with pytest.raises(cluster.StudyEnded):
             starting(ended.is_set)
         assert processes_with(temp_dir) == []
+    finally:
+        cluster._stop_ray(temp_dir, whole_job=False)
+
+
+def test_a_head_whose_ray_stops_mid_study_says_so_at_once(tmp_path: Path) -> None:
+    # What failed a Ray job in CI: Ray said it had started, then its raylet went down (its
+    # runtime-env agent's port had been taken meanwhile); the driver waited a minute for the GCS and
+    # exited with no line the launcher could report. The head now hears it as it happens.
+    spec = load_study(write_study(tmp_path / "study.yaml", study_document("ray-lost", tmp_path / "work")))
+    temp_dir = f"/tmp/ray-test-{uuid.uuid4().hex[:6]}"
+    reasons: list[str] = []
+    told = threading.Event()
+
+    def lost(reason: str) -> None:
+        reasons.append(reason)
+        told.set()
+
+    try:
+        cluster._ray_start(
+            ["--head", "--include-dashboard=false"], cluster._PORT_NAMES, "127.0.0.1", temp_dir, spec, lost
+        )(lambda: False)
+        assert not told.wait(2), reasons  # up and staying up
+        [raylet] = [
+            int(entry.parent.name)
+            for entry in Path("/proc").glob("[0-9]*/cmdline")
+            if (line := entry.read_bytes().split(b"\0"))[0].endswith(b"/raylet")
+            and temp_dir.encode() in b" ".join(line)
+        ]
+        os.kill(raylet, signal.SIGKILL)  # as the kernel's OOM killer would
+        assert told.wait(60), "the end of the node's Ray went unnoticed"
+        assert re.fullmatch(
+            r"Some Ray subprocesses exited unexpectedly: raylet \[exit code=-9\]", reasons[0]
+        ), reasons
     finally:
         cluster._stop_ray(temp_dir, whole_job=False)

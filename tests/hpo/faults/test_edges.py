@@ -4,6 +4,7 @@ processes and small standard-library scripts: seconds per test."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import time
@@ -16,6 +17,7 @@ from tests.hpo.helpers import (
     REPO,
     load_trials,
     processes_with,
+    release_hold_at,
     run_hpo,
     score_study,
     sleeping_objective,
@@ -165,7 +167,11 @@ def test_a_metric_line_cut_by_the_read_boundary_is_read_whole(tmp_path: Path) ->
 
 
 def test_a_relaunch_adopts_the_local_workers_a_killed_launcher_left(tmp_path: Path) -> None:
-    (tmp_path / "my_objective.py").write_text(sleeping_objective(4, 1.5))
+    # The workers' trials wait after their step 2 (the `hold` file) until the relaunch has adopted
+    # them: the refused relaunches before it take seconds on a busy machine.
+    (tmp_path / "my_objective.py").write_text(sleeping_objective(4, 1.5, hold_after=2))
+    hold = tmp_path / "hold"
+    hold.touch()
     document = score_study(
         tmp_path,
         "adopt",
@@ -187,11 +193,22 @@ def test_a_relaunch_adopts_the_local_workers_a_killed_launcher_left(tmp_path: Pa
     first.wait()
     assert first.stdout is not None
     first.stdout.close()  # the workers hold the pipe's other end: reading it would wait for them
+    # Relaunched in another mode meanwhile (per-trial, the Ray backend): refused in one line naming
+    # the workers, which neither would count in max_concurrent; none of their trials failed.
+    for mode in ([], ["--backend", "ray"]):
+        other = run_hpo("launch", str(study_file), *mode, timeout=300)
+        assert other.returncode == 3, other.stdout + other.stderr
+        assert re.search(r"another launch mode \(local job \d+ \(workers\): trial", other.stderr), (
+            other.stderr
+        )
+    assert "FAIL" not in {t.state.name for t in load_trials(document)}
 
-    relaunch = run_hpo("launch", str(study_file), "--workers", "2", timeout=300)
+    relaunch = start_hpo("launch", str(study_file), "--workers", "2")
+    output = release_hold_at(relaunch, "workers of an earlier launch still run", hold)
+    output += relaunch.communicate(timeout=300)[0]
 
-    assert relaunch.returncode == 0, relaunch.stdout + relaunch.stderr
-    assert "2 workers of an earlier launch still run" in relaunch.stdout, relaunch.stdout
+    assert relaunch.returncode == 0, output
+    assert "2 workers of an earlier launch still run" in output, output
     trials = [t for t in load_trials(document) if not t.user_attrs.get("surplus")]
     assert len(trials) == 6 and all(t.state.name == "COMPLETE" for t in trials), [
         (t.number, t.state.name, t.user_attrs) for t in trials

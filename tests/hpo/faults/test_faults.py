@@ -17,7 +17,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from tests.hpo.helpers import (
     kill_job_processes,
     launch_in_background,
     load_trials,
+    release_hold_at,
     run_hpo,
     stand_in_study,
     stored_steps,
@@ -257,24 +257,25 @@ def test_relaunch_after_the_launcher_stops_finishes_the_budget_exactly(
     else:
         assert launcher.returncode == -signal.SIGKILL, output
     running_at_stop = {t.number for t in load_trials(document, fresh_database) if t.state.name == "RUNNING"}
+    if stop == signal.SIGKILL:
+        # Relaunched in another mode meanwhile (--workers, the Ray backend): refused in one line
+        # naming the per-trial jobs that still run, none of their trials failed.
+        for mode in (["--workers", "2"], ["--backend", "ray"]):
+            other = run_hpo(
+                "launch", str(study_file), "--storage", fresh_database, "--executor", "slurm", *mode
+            )
+            assert other.returncode == 3, other.stdout + other.stderr
+            assert re.search(r"another launch mode \(slurm job \d+ \(per_trial\): trial", other.stderr), (
+                other.stderr
+            )
+        states = {t.number: t.state.name for t in load_trials(document, fresh_database)}
+        assert all(states[n] in ("RUNNING", *FINISHED) for n in running_at_stop), states
 
     relaunched = time.monotonic()
     again = launch_in_background(study_file, fresh_database, "--executor", "slurm")
-    assert again.stdout is not None
-    # A relaunch that never re-attaches must not wait on held trials forever: the hold ends anyway.
-    release = threading.Timer(300, lambda: hold.unlink(missing_ok=True))
-    release.start()
-    first_lines = []
-    try:
-        for line in again.stdout:  # until the first re-attached trial: the time to recover
-            first_lines.append(line)
-            if "re-attached" in line:
-                break
-    finally:
-        hold.unlink(missing_ok=True)
-        release.cancel()
+    first_lines = release_hold_at(again, "re-attached", hold)  # the first re-attached trial: recovered
     recovered = time.monotonic() - relaunched
-    output = "".join(first_lines) + again.communicate(timeout=900)[0]
+    output = first_lines + again.communicate(timeout=900)[0]
     assert again.returncode == 0, output
     reattached = {int(n) for n in re.findall(r"trial (\d+) re-attached", output)}
     assert reattached and reattached <= running_at_stop, (running_at_stop, output)
@@ -286,6 +287,60 @@ def test_relaunch_after_the_launcher_stops_finishes_the_budget_exactly(
         0,
         recovered,
     )
+
+
+def test_workers_on_slurm_left_by_a_killed_launcher_refuse_a_relaunch_in_another_mode(
+    tmp_path: Path, fresh_database: str
+) -> None:
+    """`--workers` jobs on Slurm run on after their launcher is killed: a per-trial or Ray relaunch
+    would run beside them past max_concurrent, so each is refused in one line naming the worker
+    jobs (array tasks), and none of their trials fails; `hpo cancel` then ends them, by number."""
+    name = f"workers-mode-{uuid.uuid4().hex[:6]}"
+    document = stand_in_study(
+        tmp_path,
+        name,
+        epochs=3,
+        epoch_s=1.0,
+        hold_after=1,
+        study={"n_trials": 4, "max_concurrent": 2, "pruner": {"name": "none"}},
+    )
+    hold = tmp_path / "hold"
+    hold.touch()  # the workers' trials wait after their first epoch until the end of the test
+    study_file = write_study(tmp_path / "study.yaml", document)
+    launcher = launch_in_background(study_file, fresh_database, "--executor", "slurm", "--workers", "2")
+    try:
+        wait_for_trials(
+            document,
+            fresh_database,
+            launcher,
+            lambda trials: sum(1 for t in trials if t.state.name == "RUNNING" and t.intermediate_values) == 2,
+        )
+        launcher.kill()
+        launcher.communicate(timeout=60)
+        for mode in ([], ["--backend", "ray"]):
+            other = run_hpo(
+                "launch", str(study_file), "--storage", fresh_database, "--executor", "slurm", *mode
+            )
+            assert other.returncode == 3, other.stdout + other.stderr
+            [refusal] = other.stderr.strip().splitlines()
+            assert re.search(r"another launch mode \(slurm job \d+_\d+ \(workers\): trial \d+", refusal), (
+                refusal
+            )
+        trials = load_trials(document, fresh_database)
+        running = sorted(t.number for t in trials if t.state.name == "RUNNING")
+        assert len(running) == 2 and "FAIL" not in {t.state.name for t in trials}, [
+            (t.number, t.state.name) for t in trials
+        ]
+    finally:  # the worker jobs must not outlive the test, holding the nodes, whatever failed
+        # Cancelled while their trials still hold: released first, they would end and the
+        # workers take the next ones.
+        cancel = run_hpo("cancel", str(study_file), "--storage", fresh_database)
+        hold.unlink(missing_ok=True)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    for number in running:
+        assert re.search(rf"^trial {number}: cancelled slurm job \d+_\d+$", cancel.stdout, re.M), (
+            cancel.stdout
+        )
 
 
 _START_AT_ONCE = """

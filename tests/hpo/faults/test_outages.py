@@ -25,6 +25,7 @@ from tests.hpo.helpers import (
     check_budget_counted_from_sacct,
     fault_line,
     final_sacct_states,
+    forget_database_reader,
     kill_job_processes,
     launch_in_background,
     load_trials,
@@ -92,6 +93,7 @@ class PrivateServer:
         self.control("start")
 
     def drop(self) -> None:
+        forget_database_reader(self.url)
         subprocess.run(
             ["pg_dropcluster", "--stop", self.version, self.name], capture_output=True, timeout=120
         )

@@ -90,3 +90,35 @@ def test_a_job_submitted_after_the_last_squeue_is_not_taken_as_gone(
     assert not states.ended(job("41"))  # reads the first snapshot
     assert not states.ended(job("42"))  # not in it: a second read lists it
     assert not states.ended(job("42"))
+
+
+def test_an_error_left_by_a_run_slurm_requeued_is_not_the_jobs_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """submitit's `scontrol requeue`, killed by the requeue's own SIGTERM before it returned, leaves
+    its error as the job's result while Slurm has the job pending again (seen in a fresh-clone run:
+    two packed trials failed "job N UNKNOWN without telling a result", then their job completed
+    them). While squeue lists the job, Slurm's state decides; a success, or an error of a job squeue
+    no longer lists, is the end."""
+    from types import SimpleNamespace
+
+    from submitit.core.utils import cloudpickle_dump
+
+    queue: set[str] = {"51"}
+    monkeypatch.setattr(executors, "user_queue", lambda: set(queue))
+    sacct = {"51": "PENDING"}
+    watcher = SimpleNamespace(update=lambda: None, get_state=lambda job_id, mode: sacct.get(job_id))
+    result = tmp_path / "51_result.pkl"
+    job = SimpleNamespace(job_id="51", watcher=watcher, paths=SimpleNamespace(result_pickle=result))
+    cloudpickle_dump(("error", "CalledProcessError: scontrol requeue died with SIGTERM"), result)
+
+    states = executors.SlurmStates(refresh_s=0.0)
+    assert not states.ended(job)  # pending again: it runs again
+    sacct["51"] = "RUNNING"
+    assert not states.ended(job)
+    cloudpickle_dump(("success", None), result)
+    assert states.ended(job)  # the requeued run's own result
+    # An error of a job that is gone from the queue is its end, whatever sacct says yet.
+    cloudpickle_dump(("error", "RuntimeError: boom"), result)
+    queue.clear()
+    assert states.ended(job)

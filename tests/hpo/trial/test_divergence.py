@@ -4,12 +4,13 @@ never taken for a set-up mistake, and the launch runs its whole budget.
 
 The probe scripts are the ones a high learning rate produces: a good value then inf/nan, only
 non-finite values, a NaN through the ``hpo.trial`` API, the program's own "loss is nan" exit; each
-minimized and maximized, as local processes and as Slurm jobs.
+minimized and maximized, as local processes and as Slurm jobs, and on the Ray backend.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import math
 import re
 import threading
@@ -99,6 +100,13 @@ def _assert_diverged(document: dict[str, Any], mode: str, direction: str, proc: 
     )
     status = run_hpo("status", str(Path(document["study"]["workdir"]).parent / "study.yaml"))
     assert "1 DIVERGED" in status.stdout and f"[diverged at step {step}" in status.stdout, status.stdout
+    # The same in the machine-readable view: the state by its one name, strict JSON.
+    as_json = run_hpo("status", str(Path(document["study"]["workdir"]).parent / "study.yaml"), "--json")
+    rows = json.loads(as_json.stdout, parse_constant=lambda name: pytest.fail(f"{name} in --json"))[
+        "trial_list"
+    ]
+    [row] = [row for row in rows if row["state"] == "DIVERGED"]
+    assert row["params"] == {"x": 1.9} and row["fail_reason"] == reason, row
 
 
 @pytest.mark.parametrize(
@@ -137,9 +145,13 @@ def test_a_diverging_trial_of_a_slurm_study_is_diverged_never_the_best(
     _assert_diverged(document, mode, direction, run_hpo("launch", str(study_file), timeout=600))
 
 
-def test_a_diverging_trial_of_a_ray_study_is_diverged_never_the_best(tmp_path: Path) -> None:
-    document, study_file = _study(tmp_path, "after-good", "minimize", "local", backend="ray", max_retries=0)
-    _assert_diverged(document, "after-good", "minimize", run_hpo("launch", str(study_file), timeout=600))
+@pytest.mark.parametrize(("mode", "direction"), [("after-good", "minimize"), ("exits", "maximize")])
+def test_a_diverging_trial_of_a_ray_study_is_diverged_never_the_best(
+    tmp_path: Path, mode: str, direction: str
+) -> None:
+    # With a retry allowed: the program's own "loss is nan" exit is DIVERGED, never retried by Tune.
+    document, study_file = _study(tmp_path, mode, direction, "local", backend="ray")
+    _assert_diverged(document, mode, direction, run_hpo("launch", str(study_file), timeout=600))
 
 
 @pytest.mark.fast

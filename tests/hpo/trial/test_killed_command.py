@@ -95,3 +95,53 @@ def test_a_killed_command_fails_its_trial_at_once_and_twice_is_infeasible(
         0,
         max(lags),
     )
+
+
+# A memory limit too small for any configuration: every run is SIGKILLed before its first report.
+KILLED_AT_ONCE = r"""
+import os, signal, sys, time
+with open(sys.argv[1], "a") as deaths:
+    deaths.write(f"{time.time()}\n")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_study_whose_every_trial_is_killed_stops_instead_of_spending_its_budget(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(KILLED_AT_ONCE)
+    deaths = tmp_path / "deaths.txt"
+    objective = {"command": ["{python}", "train.py", str(deaths)], "steps": 3}
+    document = score_study(
+        tmp_path,
+        "all-killed",
+        objective,
+        n_trials=6,
+        max_concurrent=2,
+        max_retries=1,
+        sampler={"name": "random", "seed": 3},
+    )
+    study_file = write_study(tmp_path / "study.yaml", document)
+
+    proc = run_hpo("launch", str(study_file), timeout=600)
+
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [error] = proc.stderr.strip().splitlines()[-1:]
+    assert "failed the same way and none succeeded: the command was killed by SIGKILL" in error, error
+    runs = len(deaths.read_text().split())
+    trials = load_trials(document)
+    # Stopped once two parameter sets were killed, before their retries ran: not the 12 runs of 6
+    # trials and their retries (before: never stopped). The retries are closed, not run.
+    assert runs == 2 and [t.state.name for t in trials] == ["FAIL"] * 4, [
+        (t.number, t.state.name) for t in trials
+    ]
+    assert [t.user_attrs.get(record.ATTR_RETRY_OF) for t in trials[2:]] == [0, 1]
+    assert all(t.user_attrs.get(record.ATTR_NOT_RUN) for t in trials[2:])
+    status = run_hpo("status", str(study_file))  # the budget whole for the launch after the fix
+    assert status.stdout.startswith("study all-killed: 0 of 6 trials; 4 FAIL"), status.stdout
+    assert "last launch stopped: trials 0 and 1 failed the same way" in status.stdout, status.stdout
+    fault_line(
+        "every run SIGKILLed before its first report (a memory limit too small for any configuration), "
+        "6 trials, 2 in flight, 1 retry",
+        f"stopped after {runs} runs ({len({t.params['x'] for t in trials})} parameter sets), exit 1: {error}",
+        0,
+        None,
+    )

@@ -146,7 +146,7 @@ def test_trials_measure_themselves_and_an_input_bound_study_is_flagged_until_the
     # The sweep's recommendation, in the same study file under another name: not input-bound.
     recommended = loader_recommendation(starved["trainer"], tmp_path)
     assert recommended["num_workers"] > 0
-    fed = measured_study("fed", tmp_path / "fed", {**STARVED, **recommended})
+    fed = measured_study("fed", tmp_path / "fed", {**STARVED, **recommended}, n_trials=1, max_concurrent=1)
     fed_file = write_study(tmp_path / "fed.yaml", fed)
     proc = run_hpo("launch", str(fed_file), *storage)
     assert proc.returncode == 0, proc.stdout + proc.stderr

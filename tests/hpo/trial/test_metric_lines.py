@@ -8,7 +8,13 @@ import re
 
 import pytest
 
-from hpo.trial.metric_lines import SUGGESTED_VALUE_GROUP, WHOLE_NUMBER, MetricPattern, widen_value_group
+from hpo.trial.metric_lines import (
+    SUGGESTED_VALUE_GROUP,
+    WHOLE_NUMBER,
+    MetricPattern,
+    not_a_number,
+    widen_value_group,
+)
 
 pytestmark = pytest.mark.fast
 
@@ -85,3 +91,22 @@ def test_a_pattern_whose_widened_form_cannot_compile_is_used_as_given() -> None:
     assert pattern.widened is None
     reading = pattern.read("acc 5.25 again 5")
     assert reading is not None and reading.value == "5.25"
+
+
+@pytest.mark.parametrize(
+    ("text", "fix"),
+    [
+        ("1.5e-05,", "the number in it is '1.5e-05': leave ',' outside the value group"),
+        ("tensor(0.0123)", "the number in it is '0.0123': leave 'tensor(' and ')' outside the value group"),
+        ("loss=-2", "the number in it is '-2': leave 'loss=' outside the value group"),
+        ("-", "it holds no number: make the pattern match only the lines that print one"),
+        ("n/a", "it holds no number: make the pattern match only the lines that print one"),
+    ],
+)
+def test_a_value_group_that_is_not_a_number_is_named_with_its_fix(text: str, fix: str) -> None:
+    [reading] = [MetricPattern(r"val (?P<value>\S+)", "k").read(f"val {text}")]
+    assert reading is not None and reading.value == text  # read as printed: not a number
+    assert (
+        not_a_number("k", text)
+        == f"k matched, but its value group read {text!r}, which is not a number; {fix}"
+    )

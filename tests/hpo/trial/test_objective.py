@@ -235,6 +235,37 @@ def test_a_python_function_is_the_objective(tmp_path: Path) -> None:
     assert "call it: my_objective:objective({'x': 1.0}, trial)" in best.stdout, best.stdout
 
 
+def test_a_matched_value_that_is_not_a_number_is_named_with_its_fix(tmp_path: Path) -> None:
+    """A pattern whose value group reads more than the number: the trial's fail reason names the
+    text it read and what to leave outside the group, instead of a bare "no metric reported"
+    (the texts' cases, a lone ``-`` among them, in test_metric_lines.py). Two trials fail the same
+    way, so the launch stops there and says it."""
+    (tmp_path / "train.py").write_text("import sys\nprint('epoch 1 val_loss', sys.argv[1], flush=True)\n")
+    printed = ["1.5e-05,", "tensor(0.0123)"]
+    document = _own_study(
+        tmp_path,
+        "not-a-number",
+        {"command": ["{python}", "train.py", "{printed}"], "metric_pattern": r"val_loss (?P<value>\S+)"},
+        pruner={"name": "none"},
+        n_trials=4,
+        max_concurrent=2,
+        enqueue=[{"x": 1.0, "printed": text} for text in printed],
+    )
+    document["search_space"]["printed"] = {"type": "categorical", "choices": printed}
+    proc = run_hpo("launch", str(write_study(tmp_path / "study.yaml", document)), timeout=300)
+
+    reasons = {t.params["printed"]: t.user_attrs.get("fail_reason") for t in load_trials(document)}
+    said = "no metric reported: objective.metric_pattern matched, but its value group read"
+    assert reasons == {
+        "1.5e-05,": f"{said} '1.5e-05,', which is not a number; the number in it is '1.5e-05': "
+        "leave ',' outside the value group",
+        "tensor(0.0123)": f"{said} 'tensor(0.0123)', which is not a number; the number in it is '0.0123': "
+        "leave 'tensor(' and ')' outside the value group",
+    }, proc.stdout
+    assert "stopping: trials 0 and 1 failed the same way" in proc.stdout, proc.stdout
+    assert "objective.metric_pattern read no number from the command's output" in proc.stdout
+
+
 @pytest.mark.parametrize("kind", ["command", "function"])
 def test_a_stop_at_a_full_runs_last_step_completes_the_trial(tmp_path: Path, kind: str) -> None:
     """A pruner that says stop only once the run has reported its last step (objective.steps)

@@ -8,7 +8,7 @@ from typing import Any
 import optuna
 import pytest
 
-from hpo import record, search
+from hpo import record, requeue, search
 from hpo.config import StudySpec, load_study
 from hpo.storage import open_storage, resolve_storage
 from hpo.trial import retries
@@ -37,8 +37,8 @@ def fail(study: optuna.Study, spec: StudySpec, reason: str = "RuntimeError: boom
 def test_a_failed_trial_is_retried_once_with_its_parameters_and_history(tmp_path: Path) -> None:
     spec, study = make_study(tmp_path, max_retries=2)
     first = fail(study, spec)
-    assert record.queue_retries(study, spec.study.max_retries) == [0]
-    assert record.queue_retries(study, spec.study.max_retries) == []  # once per failure
+    assert requeue.queue_retries(study, spec.study.max_retries) == [0]
+    assert requeue.queue_retries(study, spec.study.max_retries) == []  # once per failure
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert len(waiting) == 1 and waiting[0].params == first.params
     assert waiting[0].intermediate_values == {1: 0.5}
@@ -53,20 +53,20 @@ def test_a_failed_trial_is_retried_once_with_its_parameters_and_history(tmp_path
     assert [t.number for t in record.counted_trials(study)] == [1]
     # A retry that fails is retried while retries are left: two in all here.
     study.tell(retry, state=optuna.trial.TrialState.FAIL)
-    assert record.queue_retries(study, spec.study.max_retries) == [1]
+    assert requeue.queue_retries(study, spec.study.max_retries) == [1]
     third = study.ask(search.distributions(spec))
     assert study.get_trials()[2].system_attrs["retry_history"] == [0, 1]
     study.tell(third, state=optuna.trial.TrialState.FAIL)
-    assert record.queue_retries(study, spec.study.max_retries) == []
+    assert requeue.queue_retries(study, spec.study.max_retries) == []
     assert [t.number for t in record.counted_trials(study)] == [2]
 
 
 def test_no_retry_when_max_retries_is_0_or_the_user_cancelled(tmp_path: Path) -> None:
     spec, study = make_study(tmp_path, max_retries=0)
     fail(study, spec)
-    assert record.queue_retries(study, spec.study.max_retries) == []
+    assert requeue.queue_retries(study, spec.study.max_retries) == []
     fail(study, spec, reason=record.REASON_CANCELLED)
-    assert record.queue_retries(study, 3) == [0]  # the first only: a cancel is not a fault
+    assert requeue.queue_retries(study, 3) == [0]  # the first only: a cancel is not a fault
 
 
 def test_inherit_checkpoint_copies_the_failed_trials_checkpoint(tmp_path: Path) -> None:
@@ -77,7 +77,7 @@ def test_inherit_checkpoint_copies_the_failed_trials_checkpoint(tmp_path: Path) 
     source = checkpoint_dir(spec, 0)
     source.mkdir(parents=True)
     (source / "checkpoint.pt").write_bytes(b"weights")
-    record.queue_retries(study, 1)
+    requeue.queue_retries(study, 1)
     retry = study.ask(search.distributions(spec))
     assert retries.inherit_checkpoint(spec, retry) == 0
     assert (checkpoint_dir(spec, 1) / "checkpoint.pt").read_bytes() == b"weights"
@@ -106,7 +106,7 @@ def test_out_of_memory_is_told_infeasible_and_not_retried(tmp_path: Path) -> Non
     assert frozen.constraints == {record.CONSTRAINT_MEMORY: 1.0}
     assert frozen.user_attrs[record.ATTR_INFEASIBLE] is True
     assert "allocate" in frozen.user_attrs[record.ATTR_FAIL_REASON]
-    assert record.queue_retries(study, 3) == []
+    assert requeue.queue_retries(study, 3) == []
     with pytest.raises(ValueError):
         study.best_trial  # noqa: B018  (no feasible trial: an infeasible one is never the best)
 
