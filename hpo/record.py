@@ -150,6 +150,7 @@ CONSTRAINT_MEMORY = "out_of_memory"
 # Fail reasons the service writes, by their first words.
 REASON_CANCELLED = "cancelled by hpo cancel"
 REASON_NO_PROGRESS = "no epoch finished between requeues"
+REASON_LAUNCHER_STOPPED = "the launcher was stopped while submitting it"
 REASON_STOPPED_FAILING = "stopped with the launch: its first trials failed the same way"
 REASON_DIVERGED = failures.REASON_DIVERGED
 

@@ -145,11 +145,19 @@ class Deferral:
 def signals_deferred() -> Iterator[Deferral]:
     """Hold SIGINT, SIGTERM and SIGHUP while a job is submitted and its id stored: a launcher stopped in
     between would leave a job that no stored trial points to. (A signal mask would not do: the
-    kernel may hand the signal to another thread, and Python still raises in the main one.)"""
+    kernel may hand the signal to another thread, and Python still raises in the main one.)
+
+    The stop reaches sbatch too (Ctrl-C signals the terminal's whole process group, a requeue or a
+    cancel every process of the launcher's job): a submission that failed meanwhile was stopped, not
+    refused, and ends the launch as the stop does."""
     deferral = Deferral()
     deferral.hold()
     try:
         yield deferral
+    except Exception as err:
+        if deferral.held:
+            raise KeyboardInterrupt from err
+        raise
     finally:
         deferral.release()
     if deferral.held:

@@ -86,11 +86,14 @@ class PerTrialDispatcher(Dispatcher):
                 self._submit_asked(executor, trials, deferral)
             except BaseException as err:
                 # Whatever stopped the submission, the trials asked for it are not left RUNNING.
-                reason = f"never submitted: {one_line(err, last=True, name=False)}"
+                why = (
+                    record.REASON_LAUNCHER_STOPPED if deferral.held else one_line(err, last=True, name=False)
+                )
+                reason = f"never submitted: {why}"
                 for trial in trials:
                     with contextlib.suppress(Exception):
                         record.close_not_run(self.study, trial, reason)
-                if isinstance(err, Exception) and not isinstance(err, NotReadyError):
+                if isinstance(err, Exception) and not isinstance(err, NotReadyError) and not deferral.held:
                     numbers = ", ".join(str(t.number) for t in trials)
                     raise LaunchError(f"trial {numbers}: {reason}") from None
                 raise  # an interruption, or the database gone for longer than the outage policy waits

@@ -104,7 +104,7 @@ class WorkerDispatcher(Dispatcher):
         try:
             with signals_deferred() as deferral:
                 jobs = slurm_jobs.submit_when_controller_answers(submit_array, self.log, deferral.sleep)
-        except Exception as err:
+        except Exception as err:  # (a stop meanwhile is a KeyboardInterrupt, not caught here)
             raise LaunchError(f"worker submission failed: {one_line(err, last=True, name=False)}") from None
         packed = f", {per_job} workers per job" if self.spec.resources.packed else ""
         self.log(

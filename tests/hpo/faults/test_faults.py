@@ -404,6 +404,10 @@ def test_a_detached_launcher_requeued_mid_study_finishes_the_budget_exactly(
     def read_log() -> str:
         return log.read_text() if log.exists() else f"({log} not written yet)"
 
+    def both_logs() -> str:  # the launcher's stderr too: an error's line goes there
+        err = log.with_suffix(".err")
+        return read_log() + f"\n--- {err.name}:\n" + (err.read_text() if err.exists() else "(none)")
+
     deadline = time.monotonic() + 300
     while True:  # requeue the launcher's job once a trial has finished and another runs
         trials = trials_or_none(document, fresh_database) or []
@@ -421,10 +425,12 @@ def test_a_detached_launcher_requeued_mid_study_finishes_the_budget_exactly(
             recovered = time.monotonic() - requeued
         time.sleep(1)
     output = log.read_text()
-    assert launcher_state() == "COMPLETED", output
-    assert "detached launcher (restart 0)" in output and "detached launcher (restart 1)" in output, output
+    assert launcher_state() == "COMPLETED", both_logs()
+    assert "detached launcher (restart 0)" in output and "detached launcher (restart 1)" in output, (
+        both_logs()
+    )
     # Stopped by the requeue (Slurm's SIGTERM), the first run said which trials keep running.
-    assert "keep running as Slurm jobs" in output, output
+    assert "keep running as Slurm jobs" in output, both_logs()
     check_budget_met_once(document, fresh_database, 4)
     fault_line(
         "`scontrol requeue` of a detached launcher's job (`hpo launch --detach`)",
