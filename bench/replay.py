@@ -18,12 +18,17 @@ time: the submission) times its CPUs, one here. Per strategy and seed:
 - ``best_at_equal_compute``: the best value found within random search's median total compute;
 - ``test_accuracy_of_best``: the held-out test accuracy of that best configuration.
 
+Every strategy runs on the same seeds: per task, the median compute to target comes with its 90%
+bootstrap interval, and each strategy is compared with the shipped default seed by seed
+(``bench/replay_statistics.py``).
+
 Its parts: ``bench/replay_table.py`` (the recorded table and the lookups),
 ``replay_strategies.py`` (each strategy as a study spec, what stops a trial),
 ``replay_simulation.py`` (the clock and the workers), ``replay_summary.py`` (quartiles, the printed
 tables, the figures across tasks); this module runs the seeds and is the command line.
 
-    python -m bench.replay                       # every strategy, 50 seeds, 64 trials: minutes
+    python -m bench.replay                       # the plain run: 100 seeds, 64 trials, within 30 min
+    python -m bench.replay --run pruners         # a named run, read by the plain run's summary
     python -m bench.replay --seeds 5 --strategies random default
 """
 
@@ -43,10 +48,11 @@ from typing import Any
 import numpy as np
 
 from bench.replay_simulation import Replay, replay
+from bench.replay_statistics import median_interval, paired
 from bench.replay_strategies import (
+    NAMED_RUNS,
     RESTARTED,
     RETIRED,
-    SLOW,
     STRATEGIES,
     held_out_portfolio,
     seed_range,
@@ -139,30 +145,10 @@ def compare(
         runs = list(pool.map(_one, jobs))
     by_name: dict[str, list[dict[str, Any]]] = {n: [r for r in runs if r["strategy"] == n] for n in names}
     random_best = {r["seed"]: r["best_at_equal_compute"] for r in by_name.get("random", [])}
-    worst = -math.inf if table.direction == "maximize" else math.inf  # nothing completed within the compute
-    strategies = {}
-    for name, rows in by_name.items():
-        paired = [
-            (r["best_at_equal_compute"], random_best[r["seed"]]) for r in rows if r["seed"] in random_best
-        ]
-        beats = [ours is not None and (theirs is None or ours > theirs) for ours, theirs in paired]
-        ties = [ours is not None and ours == theirs for ours, theirs in paired]
-        strategies[name] = {
-            "definition": definition(name, table),
-            "seeds": len(rows),
-            "trials": statistics.median(r["trials"] for r in rows),
-            "pruned": statistics.median(r["pruned"] for r in rows),
-            "trial_cost": statistics.median(r["trial_cost"] for r in rows if r["trial_cost"] is not None),
-            "compute_to_target": quartiles([r["compute_to_target"] for r in rows]),
-            "best_at_equal_compute": quartiles([r["best_at_equal_compute"] for r in rows], worst),
-            # None where the task keeps no held-out split (its table has no test accuracy).
-            "test_accuracy_of_best": quartiles([r["test_accuracy_of_best"] for r in rows], worst)
-            if any(r["test_accuracy_of_best"] is not None for r in rows)
-            else None,
-            "beats_random_at_equal_compute": round(sum(beats) / len(beats), 3) if beats else None,
-            # The same best: with the nearest lookup, both found the same recorded configuration.
-            "ties_random_at_equal_compute": round(sum(ties) / len(ties), 3) if ties else None,
-        }
+    shipped = {r["seed"]: r["compute_to_target"] for r in by_name.get("default", [])}
+    strategies = {
+        name: strategy_figures(name, rows, table, random_best, shipped) for name, rows in by_name.items()
+    }
     return {
         "metric": table.metric,
         # The lookup keeps values within [0, 1]: a target at that bound is one that seed noise
@@ -177,6 +163,42 @@ def compare(
         "rank_correlation_with_last_epoch": fidelity(table),
         "strategies": strategies,
         "runs": runs,
+    }
+
+
+def strategy_figures(
+    name: str,
+    rows: list[dict[str, Any]],
+    table: Table,
+    random_best: dict[int, float | None],
+    shipped: dict[int, float | None],
+) -> dict[str, Any]:
+    """One strategy's figures on a task from its runs (one per seed): medians and quartiles, the
+    median's interval, and the seed-by-seed comparisons with random search and the shipped default."""
+    worst = -math.inf if table.direction == "maximize" else math.inf  # nothing completed within the compute
+    pairs = [(r["best_at_equal_compute"], random_best[r["seed"]]) for r in rows if r["seed"] in random_best]
+    beats = [ours is not None and (theirs is None or ours > theirs) for ours, theirs in pairs]
+    ties = [ours is not None and ours == theirs for ours, theirs in pairs]
+    return {
+        "definition": definition(name, table),
+        "seeds": len(rows),
+        "trials": statistics.median(r["trials"] for r in rows),
+        "pruned": statistics.median(r["pruned"] for r in rows),
+        "trial_cost": statistics.median(r["trial_cost"] for r in rows if r["trial_cost"] is not None),
+        "compute_to_target": quartiles([r["compute_to_target"] for r in rows]),
+        "compute_to_target_interval": median_interval([r["compute_to_target"] for r in rows]),
+        # Seed by seed against the shipped default (the same seeds): what a switch would change.
+        "versus_default": paired({r["seed"]: r["compute_to_target"] for r in rows}, shipped)
+        if name != "default" and shipped
+        else None,
+        "best_at_equal_compute": quartiles([r["best_at_equal_compute"] for r in rows], worst),
+        # None where the task keeps no held-out split (its table has no test accuracy).
+        "test_accuracy_of_best": quartiles([r["test_accuracy_of_best"] for r in rows], worst)
+        if any(r["test_accuracy_of_best"] is not None for r in rows)
+        else None,
+        "beats_random_at_equal_compute": round(sum(beats) / len(beats), 3) if beats else None,
+        # The same best: with the nearest lookup, both found the same recorded configuration.
+        "ties_random_at_equal_compute": round(sum(ties) / len(ties), 3) if ties else None,
     }
 
 
@@ -223,26 +245,34 @@ def fidelity(table: Table) -> list[float]:
     ]
 
 
+PLAIN = [n for n in STRATEGIES if n not in RETIRED and not any(n in run for run in NAMED_RUNS.values())]
+"""The plain run's strategies: all but the retired ones and those of the named runs."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tasks", nargs="+", help="the tasks to replay (default: every recorded table)")
     parser.add_argument("--table", type=Path, help="one table file instead of the tasks'")
-    parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES),
-                        default=[n for n in STRATEGIES if n not in SLOW | RETIRED],
-                        help=f"default: all but {', '.join(sorted(SLOW))} (slow) and "
-                             f"{', '.join(sorted(RETIRED))} (retired)")  # fmt: skip
-    parser.add_argument("--seeds", type=int, default=50)
+    parser.add_argument("--run", choices=list(NAMED_RUNS),
+                        help="a named run's strategies (with random search and the default, for the "
+                             "target and the pairs), to bench/results/replay-RUN.json: the plain "
+                             "run's summary reads it")  # fmt: skip
+    parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=PLAIN,
+                        help=f"default: all but the named runs' and {', '.join(sorted(RETIRED))} (retired)")  # fmt: skip
+    parser.add_argument("--seeds", type=int, default=100)
     parser.add_argument("--trials", type=int, default=64, help="random search's trials (the baseline)")
     parser.add_argument("--lookup", choices=list(LOOKUPS), default="3-nearest+noise")
     parser.add_argument("--also-lookup", nargs="*", choices=list(LOOKUPS), default=[],
                         help="the same again with other lookups (how much the lookup changes the result)")  # fmt: skip
     parser.add_argument("--also-seeds", type=int, default=20, help="seeds for the other lookups")
     parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--json", type=Path, default=REPO / "bench/results/replay.json")
+    parser.add_argument("--json", type=Path, help="default: bench/results/replay.json (replay-RUN.json)")
     args = parser.parse_args(argv)
-    names = ["random", *(n for n in args.strategies if n != "random")]
+    strategies = sorted(NAMED_RUNS[args.run]) if args.run else args.strategies
+    names = list(dict.fromkeys(["random", *(["default"] if args.run else []), *strategies]))
+    out = args.json or REPO / "bench/results" / (f"replay-{args.run}.json" if args.run else "replay.json")
     if args.table:
         tables = [args.table]
     elif args.tasks:
@@ -270,13 +300,41 @@ def main(argv: list[str] | None = None) -> int:
             print()
             other.pop("runs")  # the figure draws the main lookup's runs; the others' summaries are kept
             result["other_lookups"].setdefault(lookup, {})[task] = other
+    if not args.run:
+        result["named_runs"] = read_named_runs(result, out.parent)
     result["summary"] = summarize(result["tasks"])
     print_summary(result["summary"], list(result["tasks"]))
     result["seconds"] = round(time.monotonic() - started, 1)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"replayed in {result['seconds']:.0f} s; {args.json}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"replayed in {result['seconds']:.0f} s; {out}")
     return 0
+
+
+def read_named_runs(result: dict[str, Any], folder: Path) -> dict[str, str]:
+    """Add the committed named runs' strategies to the plain run's tasks (their summaries, not
+    their runs) where they were replayed as this run was: the same lookup, seeds and baseline, so
+    the same target and the same pairs. Returns what became of each named run, as printed."""
+    said: dict[str, str] = {}
+    for run in NAMED_RUNS:
+        path = folder / f"replay-{run}.json"
+        if not path.exists():
+            said[run] = f"not read: no {path.name} (python -m bench.replay --run {run})"
+        else:
+            named = json.loads(path.read_text())
+            same = all(named[key] == result[key] for key in ("lookup", "seeds", "random_trials"))
+            tasks = [t for t in result["tasks"] if t in named["tasks"]] if same else []
+            for task in tasks:
+                for name, figures in named["tasks"][task]["strategies"].items():
+                    if name not in result["tasks"][task]["strategies"]:
+                        result["tasks"][task]["strategies"][name] = {**figures, "named_run": run}
+            said[run] = (
+                f"read {path.name}: {', '.join(sorted(NAMED_RUNS[run]))} on {len(tasks)} tasks"
+                if same
+                else f"not read: {path.name} was replayed with another lookup, seeds or baseline"
+            )
+        print(f"named run {run}: {said[run]}")
+    return said
 
 
 if __name__ == "__main__":

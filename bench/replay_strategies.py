@@ -74,8 +74,16 @@ never the shipped one, which was learned from the task scored too."""
 
 # Stop rules measured here that no study file can name (not shipped: see bench/curve_pruner.py).
 BENCH_PRUNERS: dict[str, Callable[..., optuna.pruners.BasePruner]] = {"curve": CurvePruner}
-# Strategies left out of a plain run: a GP fit at every ask makes a seed take about a minute.
-SLOW = {"gp", "gp+median-from-2/3"}
+# Strategies replayed in runs of their own (``python -m bench.replay --run NAME``, written to
+# bench/results/replay-NAME.json and committed), which the plain run's summary reads beside its
+# own figures: at 100 seeds the plain run keeps to 30 minutes. "pruners": the peers' stop rules
+# (Optuna's median and Hyperband, Ray Tune's ASHA), 4 to 10 times a TPE seed's time each (a
+# pruner reads every trial's curve at every report); "gp": a GP fit at every ask, about a
+# minute a seed.
+NAMED_RUNS: dict[str, set[str]] = {
+    "pruners": {"tpe+hyperband", "tpe+median", "ray-asha"},
+    "gp": {"gp", "gp+median-from-2/3"},
+}
 # Left out of a plain run too (runnable by name), to keep five tasks' replay under 30 minutes
 # (bench/results/replay-all-strategies.txt has the last run with all of them): measured on the
 # first three tasks, the first six never reached random's median best on a held-out task (or,

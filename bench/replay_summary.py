@@ -51,15 +51,23 @@ def print_table(result: dict[str, Any]) -> None:
         shown = ["inf" if v is None else f"{v:.{digits}f}" for v in (q["q1"], q["median"], q["q3"])]
         return f"{shown[1]} [{shown[0]}, {shown[2]}]"
 
-    print(f"{'strategy':18} {'trials':>6} {'compute to target':>22} {'best at equal compute':>26} "
-          f"{'its test accuracy':>26} {'beats/ties random':>17}")  # fmt: skip
+    print(f"{'strategy':26} {'trials':>6} {'compute to target':>22} {'its median, 90% CI':>19} "
+          f"{'best at equal compute':>26} {'its test accuracy':>26} {'beats/ties random':>17} "
+          f"{'beats/ties default':>18}")  # fmt: skip
     for name, s in result["strategies"].items():
         beats = s["beats_random_at_equal_compute"]
         versus = "" if beats is None else f"{beats:.0%}/{s['ties_random_at_equal_compute']:.0%}"
-        print(f"{name:18} {s['trials']:>6.0f} {cell(s['compute_to_target'], 3):>22} "
-              f"{cell(s['best_at_equal_compute'], 4):>26} {cell(s['test_accuracy_of_best'], 4):>26} {versus:>17}")  # fmt: skip
+        pair = s.get("versus_default")
+        shipped = "" if not pair or pair["beats"] is None else f"{pair['beats']:.0%}/{pair['ties']:.0%}"
+        label = f"{name} ({s['named_run']})" if s.get("named_run") else name
+        print(f"{label:26} {s['trials']:>6.0f} {cell(s['compute_to_target'], 3):>22} "
+              f"{interval_cell(s.get('compute_to_target_interval')):>19} "
+              f"{cell(s['best_at_equal_compute'], 4):>26} {cell(s['test_accuracy_of_best'], 4):>26} {versus:>17} "
+              f"{shipped:>18}")  # fmt: skip
     print(
-        "(median [first quartile, third quartile] over the seeds; inf: not reached within 3x random's compute)"
+        "(median [first quartile, third quartile] over the seeds; inf: not reached within 3x random's compute;"
+        " 90% CI: the median's bootstrap interval; beats/ties default: the share of seeds, seed by seed,"
+        " in which the strategy reached the target with less compute than the shipped default / the same)"
     )
     if result.get("saturated"):
         print("saturated: random search's median best is the bound of the values (1.0); these figures tell "
@@ -72,6 +80,14 @@ def print_table(result: dict[str, Any]) -> None:
     if correlations := result.get("rank_correlation_with_last_epoch"):
         print("rank correlation of each epoch's value with the last epoch's: "
               + ", ".join(f"{e + 1}: {c:.2f}" for e, c in enumerate(correlations)))  # fmt: skip
+
+
+def interval_cell(interval: dict[str, float | None] | None) -> str:
+    """A 90% interval as ``[0.301, 0.412]`` (inf for a bound never reached; - where not computed)."""
+    if not interval:
+        return "-"
+    low, high = ("inf" if v is None else f"{v:.3f}" for v in (interval["low"], interval["high"]))
+    return f"[{low}, {high}]"
 
 
 def summarize(tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -98,8 +114,10 @@ def per_task_figures(tasks: dict[str, dict[str, Any]], name: str) -> dict[str, d
     """A strategy's median compute to target and share of seeds beating random, task by task."""
     return {
         task: {
-            "compute_to_target": r["strategies"][name]["compute_to_target"]["median"],
-            "beats_random": r["strategies"][name]["beats_random_at_equal_compute"],
+            "compute_to_target": (s := r["strategies"][name])["compute_to_target"]["median"],
+            "interval": s.get("compute_to_target_interval"),
+            "beats_random": s["beats_random_at_equal_compute"],
+            "beats_default": (s.get("versus_default") or {}).get("beats"),
         }
         for task, r in tasks.items()
     }
@@ -113,7 +131,13 @@ def worst_figures(per_task: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
         math.inf if v["compute_to_target"] is None else v["compute_to_target"] for v in per_task.values()
     ]
     beats = [v["beats_random"] for v in per_task.values() if v["beats_random"] is not None]
-    return {"compute_to_target": json_figure(max(compute)), "beats_random": min(beats) if beats else None}
+    highs = [
+        math.inf if v["interval"]["high"] is None else v["interval"]["high"]
+        for v in per_task.values()
+        if v.get("interval")
+    ]
+    worst = {"compute_to_target": json_figure(max(compute)), "beats_random": min(beats) if beats else None}
+    return {**worst, "interval_high": json_figure(max(highs))} if highs else worst
 
 
 def leave_one_task_out(summary: dict[str, Any]) -> dict[str, Any]:
@@ -155,16 +179,22 @@ def print_summary(summary: dict[str, Any], all_tasks: Sequence[str]) -> None:
             return "-"
         compute = "inf" if v["compute_to_target"] is None else f"{v['compute_to_target']:.3f}"
         beats = "-" if v["beats_random"] is None else f"{v['beats_random']:.0%}"
-        return f"{compute} / {beats}"
+        bounds = v.get("interval") or {}
+        upper = ""
+        if "high" in bounds or "interval_high" in v:  # a task's interval, or the worst of them
+            high = bounds["high"] if "high" in bounds else v["interval_high"]
+            upper = f" <{'inf' if high is None else f'{high:.2f}'}"
+        return f"{compute}{upper} / {beats}"
 
+    print("(in each task's cell: the median, the upper end of its 90% interval after <, the share of seeds)")
     print(
-        f"{'strategy':18} "
-        + " ".join(f"{t[:22]:>22}" for t in tasks)
+        f"{'strategy':26} "
+        + " ".join(f"{t[:24]:>24}" for t in tasks)
         + f" {'worst':>14} {'worst held-out':>14}"
     )
     for name, s in summary["strategies"].items():
-        cells = " ".join(f"{cell(s['per_task'].get(t)):>22}" for t in tasks)
-        print(f"{name:18} {cells} {cell(s['worst']):>14} {cell(s['worst_held_out']):>14}")
+        cells = " ".join(f"{cell(s['per_task'].get(t)):>24}" for t in tasks)
+        print(f"{name:26} {cells} {cell(s['worst']):>14} {cell(s['worst_held_out']):>14}")
     for task, fold in summary.get("leave_one_task_out", {}).items():
         compute = "inf" if fold["compute_to_target"] is None else f"{fold['compute_to_target']:.3f}"
         print(f"chosen without {task}: {fold['chosen']}; on {task}: compute to target {compute}, "

@@ -8,11 +8,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from bench import replay_table
 from bench.replay import clock_at_compute
 from bench.replay_simulation import Replay, replay
+from bench.replay_statistics import median_interval, paired
 from bench.replay_strategies import STRATEGIES, schedule_rungs, spec_with, stopper_for
 from bench.replay_summary import leave_one_task_out, quartiles, summarize
 from bench.replay_table import (
@@ -277,31 +279,38 @@ def test_a_strategy_that_ran_on_some_tasks_is_summarized_over_those() -> None:
 
     summary = summarize({"a": result(tpe=0.5, restarts=0.2), "b": result(tpe=0.4)})["strategies"]
     assert set(summary["tpe"]["per_task"]) == {"a", "b"} and set(summary["restarts"]["per_task"]) == {"a"}
-    assert summary["restarts"]["worst"] == {"compute_to_target": 0.2, "beats_random": 0.5}
+    assert summary["restarts"]["worst"] == {"compute_to_target": 0.2, "beats_random": 0.5}  # no interval
 
 
 def test_the_summary_takes_each_strategys_worst_task_and_its_worst_held_out_one() -> None:
-    def result(compute: float | None, beats: float, saturated: bool = False) -> dict[str, Any]:
+    def result(
+        compute: float | None, beats: float, saturated: bool = False, high: float | None = 0.45
+    ) -> dict[str, Any]:
         return {"saturated": saturated,
                 "strategies": {"default": {"compute_to_target": {"median": compute},
+                                           "compute_to_target_interval": {"low": 0.1, "high": high},
                                            "beats_random_at_equal_compute": beats}}}  # fmt: skip
 
     whole = summarize(
         {
-            CHOSEN_ON: result(0.2, 0.9),
-            "b": result(0.5, 0.7),
-            "c": result(None, 0.85),
+            CHOSEN_ON: result(0.2, 0.9, high=0.25),
+            "b": result(0.5, 0.7, high=0.6),
+            "c": result(None, 0.85, high=None),
             "flat": result(0.01, 0.0, saturated=True),  # judges nothing
         }
     )
     assert whole["saturated"] == ["flat"]
     summary = whole["strategies"]["default"]
     assert "flat" not in summary["per_task"]
-    assert summary["per_task"]["b"] == {"compute_to_target": 0.5, "beats_random": 0.7}
+    assert summary["per_task"]["b"] == {
+        "compute_to_target": 0.5, "interval": {"low": 0.1, "high": 0.6}, "beats_random": 0.7, "beats_default": None
+    }  # fmt: skip
     # A target not reached on one task makes the worst "not reached" (None), whatever the others.
-    assert summary["worst"] == {"compute_to_target": None, "beats_random": 0.7}
-    two = summarize({CHOSEN_ON: result(0.2, 0.9), "b": result(0.3, 0.82)})["strategies"]["default"]
-    assert two["worst_held_out"] == {"compute_to_target": 0.3, "beats_random": 0.82}
+    assert summary["worst"] == {"compute_to_target": None, "interval_high": None, "beats_random": 0.7}
+    two = summarize({CHOSEN_ON: result(0.2, 0.9, high=0.25), "b": result(0.3, 0.82, high=0.38)})
+    assert two["strategies"]["default"]["worst_held_out"] == {
+        "compute_to_target": 0.3, "interval_high": 0.38, "beats_random": 0.82
+    }  # fmt: skip
     one = summarize({CHOSEN_ON: result(0.2, 0.9)})["strategies"]["default"]
     assert one["worst_held_out"] is None
 
@@ -364,3 +373,22 @@ def test_a_restarted_trial_runs_each_short_schedule_then_the_full_one_judged_at_
 
     with pytest.raises(ValueError, match="not rungs of one factor"):
         schedule_rungs(Table("val_accuracy", "maximize", 9, 1, space, [low, high], short={2: short[1]}))
+
+
+def test_the_bootstrap_interval_of_a_median_holds_it_and_narrows_with_more_seeds() -> None:
+    rng = np.random.default_rng(7)
+    few, many = (list(rng.lognormal(-1.0, 0.5, n)) for n in (20, 400))
+    narrow, wide = median_interval(many), median_interval(few)
+    assert narrow["low"] < float(np.median(many)) < narrow["high"]
+    assert narrow["high"] - narrow["low"] < wide["high"] - wide["low"]
+    # Targets never reached (None: +inf) in half the seeds or more leave the upper end unbounded.
+    assert median_interval([0.2] * 5 + [None] * 5)["high"] is None
+    assert median_interval([0.2] * 9 + [None])["low"] == 0.2
+
+
+def test_strategies_are_compared_seed_by_seed_on_the_seeds_both_ran() -> None:
+    candidate = {1: 0.2, 2: 0.5, 3: None, 4: 0.3, 9: 0.1}
+    shipped = {1: 0.3, 2: 0.5, 3: None, 4: None}
+    # Seed 1 and 4 less (a target reached beats one never reached), 2 and 3 ties; seed 9 unpaired.
+    assert paired(candidate, shipped) == {"beats": 0.5, "ties": 0.5, "seeds": 4}
+    assert paired(candidate, {})["beats"] is None
