@@ -206,7 +206,10 @@ class Dispatcher:
         only, so that a cancel it sees is acknowledged to `hpo cancel` (which waits for that) with
         no submission under way."""
         running = sum(1 for entry in self.in_flight if entry.finished is None)
-        return self.gate.ask(self.ended, running, cut_short=self._cut_short)
+        admission = self.gate.ask(self.ended, running, cut_short=self._cut_short)
+        if self.progress is not None and not admission.open:
+            self.progress.closed = True  # no trial starts again: the time left is the running ones'
+        return admission
 
     def _cut_short(self) -> list[int]:
         """End the trials in flight when the launch stops on a failure no rerun changes: they run

@@ -52,6 +52,9 @@ class Progress:
         self._last_time = 0.0
         self._last_finished = -1
         self._events = True  # an event line since the last look: a trial may have ended
+        self.closed = False
+        """Set by the launcher once no trial may start again (a stop rule, the budget, a cancel,
+        the timeout): the time left is then the running trials' alone."""
 
     def log(self, message: str) -> None:
         """An event line; on a terminal it goes above the progress line."""
@@ -139,8 +142,10 @@ class Progress:
 
     def _time_left(self, trials: list[optuna.trial.FrozenTrial], done: int) -> str:
         remaining = self.spec.study.n_trials - done
+        if self.closed:  # stopped early (a stop rule, the budget, a cancel): only the running finish
+            remaining = sum(1 for t in trials if t.state.name == "RUNNING")
         if remaining <= 0:
-            return ""  # the budget is spent: a timeout still ahead says nothing about this study
+            return ""  # nothing left to run: a timeout still ahead says nothing about this study
         left: list[float] = []
         if self.deadline is not None:
             left.append(max(0.0, self.deadline - time.time()))
