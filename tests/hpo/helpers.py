@@ -174,6 +174,18 @@ def objective(params, trial):
 """
 
 
+def held_score_study(
+    tmp_path: Path, name: str, steps: int, step_s: float, hold_after: int, **study: Any
+) -> tuple[dict[str, Any], Path, Path]:
+    """A study of :func:`sleeping_objective` (document, study file, hold file) whose trials wait
+    after step ``hold_after`` while the ``hold`` file, created here, lies beside it."""
+    (tmp_path / "my_objective.py").write_text(sleeping_objective(steps, step_s, hold_after=hold_after))
+    hold = tmp_path / "hold"
+    hold.touch()
+    document = score_study(tmp_path, name, {"steps": steps, "function": "my_objective:objective"}, **study)
+    return document, write_study(tmp_path / "study.yaml", document), hold
+
+
 def start_hpo(*args: str, **env: str) -> subprocess.Popen[str]:
     """``hpo ARGS`` as a child process, its output (stdout and stderr) collected for the assertions.
     It starts as from a terminal, a hang-up stopping it: a suite itself run under ``nohup`` would

@@ -169,21 +169,23 @@ def fail_leftovers(spec: StudySpec, study: optuna.Study) -> int:
     local launch beside the study's allocation), refuse the launch in one line."""
     this_job = os.environ.get("SLURM_JOB_ID")
     refuse_live_jobs_of_other_modes(spec, study, record.DispatchMode.RAY)
-    failed = 0
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if record.dispatch_mode(trial) not in (None, record.DispatchMode.RAY):
-            continue
-        job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
-        if job_id is not None and str(job_id) != this_job and not str(job_id).startswith("local-"):
-            slurm = executors.on_slurm()
-            if not slurm.ended(str(job_id), slurm.job(spec, str(job_id))):
-                raise NotReadyError(
-                    f"study {spec.study.name!r}: its Ray job {job_id} still runs trial {trial.number}",
-                    "relaunch with the same executor to follow it, or end it with `hpo cancel`",
-                )
+    leftovers = [
+        trial
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        if record.dispatch_mode(trial) in (None, record.DispatchMode.RAY)
+    ]
+    jobs = {str(t.user_attrs[record.ATTR_JOB_ID]): t for t in leftovers if record.ATTR_JOB_ID in t.user_attrs}
+    others = {job: t for job, t in jobs.items() if job != this_job and not job.startswith("local-")}
+    slurm = executors.on_slurm() if others else None
+    for job_id, trial in others.items():  # each job asked once, before any trial is failed
+        if slurm is not None and not slurm.ended(job_id, slurm.job(spec, job_id)):
+            raise NotReadyError(
+                f"study {spec.study.name!r}: its Ray job {job_id} still runs trial {trial.number}",
+                "relaunch with the same executor to follow it, or end it with `hpo cancel`",
+            )
+    for trial in leftovers:
         record.fail(study, trial, "its Ray job ended first")
-        failed += 1
-    return failed
+    return len(leftovers)
 
 
 def run(

@@ -15,13 +15,11 @@ import optuna
 from optuna.storages.journal import JournalFileBackend
 
 from tests.hpo.helpers import (
+    held_score_study,
     load_trials,
     run_hpo,
-    score_study,
-    sleeping_objective,
     start_hpo,
     trials_or_none,
-    write_study,
 )
 
 
@@ -43,17 +41,9 @@ def test_a_relaunch_while_hpo_cancel_runs_is_refused_and_the_cancel_names_every_
 ) -> None:
     """(The cluster: `hpo cancel` looks in Slurm's queue too, for a detached launcher of the study.)"""
     # The trials wait after their step 1 (the `hold` file) until the cancel ends them.
-    (tmp_path / "my_objective.py").write_text(sleeping_objective(2, 0.5, hold_after=1))
-    hold = tmp_path / "hold"
-    hold.touch()
-    document = score_study(
-        tmp_path,
-        "cancel-beside",
-        {"steps": 2, "function": "my_objective:objective"},
-        n_trials=4,
-        max_concurrent=2,
+    document, study_file, hold = held_score_study(
+        tmp_path, "cancel-beside", steps=2, step_s=0.5, hold_after=1, n_trials=4, max_concurrent=2
     )
-    study_file = write_study(tmp_path / "study.yaml", document)
     first = start_hpo("launch", str(study_file))
     journal = tmp_path / "work" / "optuna.journal"  # not created by this reader
 

@@ -15,12 +15,12 @@ from typing import Any
 from tests.hpo.helpers import (
     HPO,
     REPO,
+    held_score_study,
     load_trials,
     processes_with,
     release_hold_at,
     run_hpo,
     score_study,
-    sleeping_objective,
     start_hpo,
     trials_or_none,
     write_study,
@@ -169,17 +169,9 @@ def test_a_metric_line_cut_by_the_read_boundary_is_read_whole(tmp_path: Path) ->
 def test_a_relaunch_adopts_the_local_workers_a_killed_launcher_left(tmp_path: Path) -> None:
     # The workers' trials wait after their step 2 (the `hold` file) until the relaunch has adopted
     # them: the refused relaunches before it take seconds on a busy machine.
-    (tmp_path / "my_objective.py").write_text(sleeping_objective(4, 1.5, hold_after=2))
-    hold = tmp_path / "hold"
-    hold.touch()
-    document = score_study(
-        tmp_path,
-        "adopt",
-        {"steps": 4, "function": "my_objective:objective"},
-        n_trials=6,
-        max_concurrent=2,
+    document, study_file, hold = held_score_study(
+        tmp_path, "adopt", steps=4, step_s=1.5, hold_after=2, n_trials=6, max_concurrent=2
     )
-    study_file = write_study(tmp_path / "study.yaml", document)
     first = start_hpo("launch", str(study_file), "--workers", "2")
     deadline = time.monotonic() + 120
     while True:  # both workers in a trial
