@@ -126,7 +126,7 @@ def _study(spec: StudySpec) -> optuna.Study:
         return optuna.create_study(
             study_name="replay",  # Hyperband picks a trial's bracket from a hash of this name
             direction=spec.study.direction,
-            sampler=search.build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source),
+            sampler=search.sampler_for(spec),  # as the launcher builds it (no near-copy proposals)
             pruner=build_pruner(spec),
         )
 
