@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from hpo import record, study_record
 from hpo.config import RAY_ONLY_PRUNERS
 from hpo.errors import StudyFileError, one_line, optional_extra
+from hpo.ordered_choices import OrderedChoices
 from trainer.config import ADDED_SETTINGS, TrainConfig
 
 if TYPE_CHECKING:
@@ -78,8 +79,11 @@ def build_sampler(
 
 
 def sampler_for(spec: StudySpec, seed_stream: int = 0) -> optuna.samplers.BaseSampler:
-    """The study's sampler (``build_sampler``) proposing no near-copy of a trial the study holds."""
+    """The study's sampler (``build_sampler``; ``OrderedChoices`` where the study asks) proposing
+    no near-copy of a trial the study holds."""
     inner = build_sampler(spec.study.sampler, spec.study.max_concurrent, spec.source, seed_stream)
+    if spec.study.sampler.ordered_choices:
+        inner = OrderedChoices(inner, distributions(spec))
     return DistinctProposals(inner, distributions(spec))
 
 

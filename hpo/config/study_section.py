@@ -30,6 +30,12 @@ class SamplerSpec:
     name: Sampler = field("tpe", f"One of {', '.join(SAMPLERS)} (Optuna's samplers).")
     seed: int | None = field(0, "Seed of the sampler, for a reproducible sequence of trials.")
     options: dict[str, Any] = field(factory=dict, help="Keyword arguments of the Optuna sampler class.")
+    ordered_choices: bool = field(
+        False,
+        "Show the sampler each parameter of ordered numeric choices (a power_of_two range, choices of "
+        "3 or more numbers) as the position of its value in their order, so that TPE or the GP can "
+        "learn that larger (or smaller) is better; the trials still store the values themselves.",
+    )
 
 
 DEFAULT_PORTFOLIO = 4
