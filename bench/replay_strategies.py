@@ -63,6 +63,9 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "tpe+median-from-4/9": {"sampler": TPE, "pruner": {"name": "median", "options": {"n_warmup_steps": Fraction(4, 9)}}},
     # The default's start (the portfolio learned from the other recorded tasks), then that pruner.
     "portfolio+median-from-4/9": {"sampler": None, "pruner": {"name": "median", "options": {"n_warmup_steps": Fraction(4, 9)}}},
+    # Numeric choices (batch size, width) shown to the sampler in their order (hpo/ordered_choices.py).
+    "tpe+ordered": {"sampler": {"name": "tpe", "ordered_choices": True}, "pruner": {"name": "none"}},
+    "default+ordered": {"sampler": {"ordered_choices": True}, "pruner": None},  # the portfolio, then that
 }  # fmt: skip
 RESTARTED = {"tpe+sha-restarts", "random+sha-restarts"}
 """Replayed on the tables that hold complete short runs only (``python -m bench.curves record-short``)."""
@@ -79,10 +82,11 @@ BENCH_PRUNERS: dict[str, Callable[..., optuna.pruners.BasePruner]] = {"curve": C
 # own figures: at 100 seeds the plain run keeps to 30 minutes. "pruners": the peers' stop rules
 # (Optuna's median and Hyperband, Ray Tune's ASHA), 4 to 10 times a TPE seed's time each (a
 # pruner reads every trial's curve at every report); "gp": a GP fit at every ask, about a
-# minute a seed.
+# minute a seed; "ordered": the candidates of ordered numeric choices.
 NAMED_RUNS: dict[str, set[str]] = {
     "pruners": {"tpe+hyperband", "tpe+median", "ray-asha"},
     "gp": {"gp", "gp+median-from-2/3"},
+    "ordered": {"tpe+ordered", "default+ordered"},
 }
 # Left out of a plain run too (runnable by name), to keep five tasks' replay under 30 minutes
 # (bench/results/replay-all-strategies.txt has the last run with all of them): measured on the
