@@ -402,11 +402,17 @@ def check_budget_met_once(document: dict[str, Any], storage: str, n_trials: int)
     assert distinct_params(trials)
     job_ids = [t.user_attrs["job_id"] for t in trials if "job_id" in t.user_attrs]
     assert len(set(job_ids)) == len(job_ids)
-    sacct = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "JobID", "--name", f"hpo-{document['study']['name']}", "-S", "now-1hour"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert sorted(sacct.stdout.split()) == sorted(job_ids)
+    deadline = time.monotonic() + 120
+    while True:  # jobs run while slurmdbd was away reach it a while after it is back: wait for them
+        sacct = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-o", "JobID", "--name", f"hpo-{document['study']['name']}", "-S", "now-1hour"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        listed = sorted(sacct.stdout.split())
+        if not set(listed) < set(job_ids) or time.monotonic() > deadline:
+            break  # all there, or one more than the trials' (a job submitted twice): judged below
+        time.sleep(2)
+    assert listed == sorted(job_ids), (listed, sorted(job_ids))
 
 
 def check_budget_counted_from_sacct(document: dict[str, Any], study_file: Path, storage: str) -> None:
