@@ -287,6 +287,28 @@ UNFINISHED_SACCT_STATES = frozenset({"", "RUNNING", "PENDING", "COMPLETING", "RE
 """A job's state in sacct before accounting has its end ("": not known yet)."""
 
 
+def study_jobs_in_sacct(document: dict[str, Any], held: list[str], timeout: float = 120) -> dict[str, str]:
+    """The state of every job sacct lists under the study's job name, read once it lists each job
+    the trials hold ended: slurmdbd learns of a job a moment after slurmctld (seen under the
+    suite's load: a job submitted and cancelled within a second not listed yet), and jobs run
+    while it was away reach it a while after it is back. A job listed that no trial holds (one
+    submitted twice) is returned at once, for the caller's comparison to fail on."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proc = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "--name", f"hpo-{document['study']['name']}",
+             "-S", "now-2hours"],
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+        listed = dict(line.split("|", 1) for line in proc.stdout.splitlines() if line)
+        settled = set(held) <= set(listed) and not UNFINISHED_SACCT_STATES.intersection(
+            listed[job] for job in held
+        )
+        if settled or not set(listed) <= set(held) or time.monotonic() > deadline:
+            return listed
+        time.sleep(1)
+
+
 def final_sacct_states(job_ids: list[str], timeout: float = 60) -> dict[str, str]:
     """The jobs' states once accounting has recorded their end: slurmdbd learns it a moment after
     the job leaves squeue (seen: RUNNING in sacct with squeue already empty)."""
@@ -400,18 +422,9 @@ def check_budget_met_once(document: dict[str, Any], storage: str, n_trials: int)
     assert len(counted) == n_trials, [(t.number, t.state.name, t.user_attrs) for t in trials]
     assert {t.state.name for t in counted} <= FINISHED
     assert distinct_params(trials)
-    job_ids = [t.user_attrs["job_id"] for t in trials if "job_id" in t.user_attrs]
+    job_ids = [str(t.user_attrs["job_id"]) for t in trials if "job_id" in t.user_attrs]
     assert len(set(job_ids)) == len(job_ids)
-    deadline = time.monotonic() + 120
-    while True:  # jobs run while slurmdbd was away reach it a while after it is back: wait for them
-        sacct = subprocess.run(
-            ["sacct", "-X", "-n", "-P", "-o", "JobID", "--name", f"hpo-{document['study']['name']}", "-S", "now-1hour"],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        listed = sorted(sacct.stdout.split())
-        if not set(listed) < set(job_ids) or time.monotonic() > deadline:
-            break  # all there, or one more than the trials' (a job submitted twice): judged below
-        time.sleep(2)
+    listed = sorted(study_jobs_in_sacct(document, job_ids))
     assert listed == sorted(job_ids), (listed, sorted(job_ids))
 
 

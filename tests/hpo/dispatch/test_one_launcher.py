@@ -32,6 +32,7 @@ from tests.hpo.helpers import (
     stand_in_study,
     stored_steps,
     study_document,
+    study_jobs_in_sacct,
     wait_for_trials,
     write_study,
 )
@@ -69,15 +70,6 @@ def queued(document: dict[str, Any]) -> list[str]:
         timeout=60,
     )
     return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
-
-
-def jobs_in_sacct(document: dict[str, Any]) -> dict[str, str]:
-    proc = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "--name", f"hpo-{document['study']['name']}",
-         "-S", "now-2hours"],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    return dict(line.split("|", 1) for line in proc.stdout.splitlines() if line)
 
 
 def launcher(study_file: Path, storage: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -133,7 +125,8 @@ def test_two_launchers_started_together_run_the_budget_once(tmp_path: Path, fres
         (t.number, t.state.name, t.user_attrs) for t in trials
     ]
     assert watch.polls > 10 and watch.peak <= 2, (watch.polls, watch.peak)
-    assert sorted(jobs_in_sacct(document)) == sorted(str(t.user_attrs["job_id"]) for t in trials)
+    held = [str(t.user_attrs["job_id"]) for t in trials]
+    assert sorted(study_jobs_in_sacct(document, held)) == sorted(held)
     fault_line(
         "two `hpo launch` of one study started together (--n-trials 3, max_concurrent 2)",
         f"one ran the study: 3 trials, at most {watch.peak} Slurm jobs at once (squeue, {watch.polls} polls); "
@@ -226,9 +219,10 @@ def test_cancel_during_a_slow_submission_is_final(tmp_path: Path, fresh_database
         reason = trial.user_attrs["fail_reason"]
         assert "cancelled by hpo cancel" in reason, reason
     # Every job the study ever had was cancelled, and each is held by a trial.
-    jobs = jobs_in_sacct(document)
+    held = [str(t.user_attrs["job_id"]) for t in trials if "job_id" in t.user_attrs]
+    jobs = study_jobs_in_sacct(document, held)
     assert jobs and all(state.startswith("CANCELLED") for state in jobs.values()), jobs
-    assert set(jobs) == {str(t.user_attrs["job_id"]) for t in trials if "job_id" in t.user_attrs}
+    assert sorted(jobs) == sorted(held), (jobs, held)
     assert "hpo cancel: submitting no more trials" in output, output
     assert "submits no more trials" in cancel.stdout, cancel.stdout
     fault_line(
