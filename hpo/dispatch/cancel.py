@@ -30,21 +30,25 @@ def cancel(spec: StudySpec, ref: StorageRef, study: optuna.Study) -> list[str]:
     was set has stored its job id or been closed; then every job, those the trials hold and those
     found in the queue by the study's job names (a job submitted but not yet recorded)."""
 
+    # The launcher that holds the study is read before the flag is stored: one killed after that
+    # (while the cancel waits, or before it looks) is then named as gone, not left unsaid.
+    holder = Lease(ref, spec.study.name).held_by_another()
     requested = time.time()
     study_record.request_cancel(study, requested)
     try:
-        return _cancel_requested(spec, ref, study, requested)
+        return _cancel_requested(spec, ref, study, requested, holder)
     finally:  # a launch is refused until now (and for CANCEL_STALE_S if this process is killed)
         study_record.end_cancel(study, requested)
 
 
-def _cancel_requested(spec: StudySpec, ref: StorageRef, study: optuna.Study, requested: float) -> list[str]:
+def _cancel_requested(
+    spec: StudySpec, ref: StorageRef, study: optuna.Study, requested: float, holder: str | None
+) -> list[str]:
     lines = []
     ray_job = study_record.ray_job(study)
     if ray_job:  # the one allocation of a Ray-backed study holds all its trials and its driver
         executors.on_slurm().cancel(spec, str(ray_job))
         lines.append(f"Ray job {ray_job}: cancelled")
-    holder = Lease(ref, spec.study.name).held_by_another()
     if holder is not None:
         deadline = time.monotonic() + CANCEL_WAIT_S
         while (
