@@ -87,6 +87,32 @@ def sampler_for(spec: StudySpec, seed_stream: int = 0) -> optuna.samplers.BaseSa
     return DistinctProposals(inner, distributions(spec))
 
 
+def strategy_line(spec: StudySpec) -> str:
+    """What the study's search is and why, in one line (``hpo launch --dry-run``)."""
+    sampler, pruner = spec.study.sampler, spec.study.pruner
+    named = {"tpe": "TPE", "gp": "the GP", "random": "random search", "qmc": "QMC", "cmaes": "CMA-ES"}
+    drawn = named[sampler.name]
+    if sampler.name == "tpe" and spec.study.max_concurrent > 1 and sampler.options.get("constant_liar", True):
+        drawn += f" (with the constant liar: {spec.study.max_concurrent} trials run at once)"
+    if sampler.ordered_choices:
+        drawn += ", numeric choices shown in their order"
+    size = spec.study.portfolio.size or 0
+    start = f"the learned portfolio's {size} entries (hpo/portfolio.json), then " if size else ""
+    stop = "no pruner" if pruner.name == "none" else f"the {pruner.name} pruner"
+    default_sampler, default_pruner = spec.search_defaults
+    if default_sampler and spec.study.warm_start.sources and not size:
+        why = "the study file names no sampler; a warm start replaces the portfolio"
+    elif default_sampler and default_pruner:
+        why = "the study file names no sampler and no pruner: the default, replayed on the recorded tasks (docs/benchmarks.md)"
+    elif default_sampler:
+        why = f"the study file names no sampler (the default's) and study.pruner names {pruner.name}"
+    elif default_pruner:
+        why = f"study.sampler names {sampler.name}; no pruner is the default (none paid under OneCycle)"
+    else:
+        why = "the study file names both"
+    return f"search: {start}{drawn}; {stop}. Why: {why}"
+
+
 NEAR_COPY = 0.01
 """Two proposals closer than this in every parameter's position in its range (log-scaled where the
 range is; categoricals equal) are one configuration tried twice."""

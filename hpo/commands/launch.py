@@ -144,7 +144,7 @@ def _detach(options: Options, spec: StudySpec, storage: StorageRef) -> int:
 def _print_dry_run(spec: StudySpec, storage: StorageRef, executor: str) -> None:
     import yaml
 
-    from hpo import executors, portfolio
+    from hpo import executors, portfolio, search
     from hpo.budget import compute
     from hpo.storage import mask
 
@@ -161,6 +161,7 @@ def _print_dry_run(spec: StudySpec, storage: StorageRef, executor: str) -> None:
     }
     print(f"# {spec.source}, resolved (workdir {spec.workdir})")
     print(yaml.safe_dump(document, sort_keys=False).rstrip())
+    print(f"# {search.strategy_line(spec)}")
     if learned := portfolio.starting_trials(spec):  # shown to 4 digits; enqueued exactly
         shown = [{k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in p.items()} for p in learned]
         print(

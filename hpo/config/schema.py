@@ -70,6 +70,8 @@ class StudySpec:
     """Where the objective runs: objective.cwd resolved against the study file's folder."""
     warnings: list[str] = dataclasses.field(default_factory=list)
     """What the launch says before it starts, without refusing (a parameter the command never names)."""
+    search_defaults: tuple[bool, bool] = (False, False)
+    """Whether the sampler, and the pruner, are the measured default's (the file names neither)."""
 
     @property
     def max_steps(self) -> int:
@@ -192,6 +194,7 @@ def build_spec(document: dict[str, Any], source: str) -> StudySpec:
         study_doc = {**study_doc, "pruner": {"name": "none"}}
         pruner_options = None
     spec = _build_spec(document, source, _section(StudySection, study_doc, "study"))
+    spec.search_defaults = (unnamed_sampler, unnamed_pruner and not pruner_options)
     if spec.study.portfolio.size is None:
         # A warm start has a better start than the portfolio (the user's own earlier trials); a
         # `portfolio` the file sets is honoured with one as without.

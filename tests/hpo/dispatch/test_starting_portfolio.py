@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hpo import portfolio
+from hpo import portfolio, search
 from hpo.config import load_study
 from hpo.errors import StudyFileError
 from hpo.trial.check import check_parameters
@@ -51,6 +51,7 @@ def test_the_shipped_entries_map_into_any_studys_ranges(tmp_path: Path) -> None:
     assert len(first) == 4 and all(set(p) == {"lr", "wd"} for p in first)  # x: no role, the sampler's
     dry = run_hpo("launch", str(study_file), "--dry-run")
     assert dry.returncode == 0 and "the learned starting portfolio's 4" in dry.stdout, dry.stdout + dry.stderr
+    assert "\n# search: the learned portfolio's 4 entries (hpo/portfolio.json), then TPE" in dry.stdout
     for params in first:
         assert not [n for n, v in params.items() if spec.search_space[n].rejects(v)], params
     # Positions, not values: the first entry's lr sits where it sits in every range.
@@ -182,6 +183,32 @@ def test_a_named_sampler_or_a_warm_start_gets_no_portfolio_unless_the_file_sets_
     # An explicit `portfolio` is honoured after a warm start too, as the docs say.
     document["study"]["portfolio"] = 2
     assert len(portfolio.starting_trials(load_study(write_study(tmp_path / "w2.yaml", document)))) == 2
+
+
+@pytest.mark.fast
+def test_the_search_line_says_which_sampler_and_start_a_study_gets_and_why(tmp_path: Path) -> None:
+    def line(name: str, **study: Any) -> str:
+        document = portfolio_study(tmp_path, name)
+        document["study"].pop("pruner", None)
+        document["study"].update(study)
+        return search.strategy_line(load_study(write_study(tmp_path / f"{name}.yaml", document)))
+
+    assert line("default", max_concurrent=3) == (
+        "search: the learned portfolio's 4 entries (hpo/portfolio.json), then TPE (with the constant "
+        "liar: 3 trials run at once); no pruner. Why: the study file names no sampler and no pruner: "
+        "the default, replayed on the recorded tasks (docs/benchmarks.md)"
+    )
+    assert line("gp", sampler={"name": "gp"}, max_concurrent=1) == (
+        "search: the GP; no pruner. Why: study.sampler names gp; no pruner is the default (none paid "
+        "under OneCycle)"
+    )
+    assert line("warm", warm_start={"studies": ["earlier"]}, max_concurrent=1).endswith(
+        "Why: the study file names no sampler; a warm start replaces the portfolio"
+    )
+    ordered = line("both", sampler={"name": "tpe", "ordered_choices": True}, pruner={"name": "median"})
+    assert ordered.endswith(
+        "numeric choices shown in their order; the median pruner. Why: the study file names both"
+    )
 
 
 @pytest.mark.fast
