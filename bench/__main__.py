@@ -205,25 +205,41 @@ def _efficiency_rows(efficiency: Any) -> list[tuple[str, str, str]]:
 
 
 def _replay_rows(replayed: Any) -> list[tuple[str, str, str]]:
-    """The targets of replay: the shipped default on every task and the held-out ones."""
+    """The targets of replay: the shipped default on every task it was chosen with, on the held-out
+    ones, and on each task that only checks the choice."""
+    from bench.replay_table import CHECK_ONLY
+
+    default = replayed["summary"]["strategies"].get("default", {})
+    judged = [
+        t for t in replayed["tasks"] if t not in replayed["summary"]["saturated"] and t not in CHECK_ONLY
+    ]
+    saturated = len(replayed["summary"]["saturated"])
+    how = f"replay, {replayed['lookup']} lookup, medians of {replayed['seeds']} seeds"
+    held_out = len(judged) - (replayed["chosen_on"] in judged)
+    scopes = [
+        ("every task", f"the worst of {len(judged)} judged, {saturated} saturated; {how}", default.get("worst")),
+        ("the held-out tasks", f"the worst of {held_out} judged; {how}", default.get("worst_held_out")),
+        *((task, f"it only checks the choice; {how}", default.get("per_task", {}).get(task)) for task in sorted(CHECK_ONLY)),
+    ]  # fmt: skip
     rows: list[tuple[str, str, str]] = []
-    for scope, key in (("every task", "worst"), ("the held-out tasks", "worst_held_out")):
-        worst = replayed["summary"]["strategies"].get("default", {}).get(key)
-        if not worst:
+    for scope, note, figures in scopes:
+        if not figures:
             continue
-        ratio, beats = worst["compute_to_target"], worst["beats_random"]
-        judged = [t for t in replayed["tasks"] if t not in replayed["summary"]["saturated"]]
-        tasks = len(judged) - (key == "worst_held_out" and replayed["chosen_on"] in judged)
-        rows.append((f"the shipped default reaches random search's median best with <= 1/3 of its compute on "
-                     f"{scope} (the worst of {tasks} judged, {len(replayed['summary']['saturated'])} saturated; replay, {replayed['lookup']} lookup, medians of {replayed['seeds']} seeds)",
+        ratio, beats = figures["compute_to_target"], figures["beats_random"]
+        worst = " (the worst)" if "worst" in note else ""
+        high = (
+            figures["interval_high"]
+            if "interval_high" in figures
+            else (figures.get("interval") or {}).get("high", "-")
+        )
+        rows.append((f"the shipped default reaches random search's median best with <= 1/3 of its compute on {scope} ({note})",
                      "never reached" if ratio is None else f"{ratio:.2f} x random's compute",
                      verdict(ratio is not None and ratio <= 1 / 3)))  # fmt: skip
-        if "interval_high" in worst:  # replays since the intervals (a 90% bootstrap interval of each median)
-            high = worst["interval_high"]
-            rows.append((f"the upper end of the shipped default's 90% interval is <= 0.40 x random's compute on {scope} (the worst)",
+        if high != "-":  # replays since the intervals (a 90% bootstrap interval of each median)
+            rows.append((f"the upper end of the shipped default's 90% interval is <= 0.40 x random's compute on {scope}{worst}",
                          "unbounded (never reached)" if high is None else f"{high:.2f} x random's compute",
                          verdict(high is not None and high <= 0.40)))  # fmt: skip
-        rows.append((f"the shipped default beats random search at equal compute in >= 80% of seeds on {scope} (the worst)",
+        rows.append((f"the shipped default beats random search at equal compute in >= 80% of seeds on {scope}{worst}",
                      "-" if beats is None else f"{beats:.0%} of seeds", verdict(beats is not None and beats >= 0.8)))  # fmt: skip
     return rows
 

@@ -53,6 +53,7 @@ from bench.replay_strategies import (
     NAMED_RUNS,
     RESTARTED,
     RETIRED,
+    SAMPLER_WRAPPERS,
     STRATEGIES,
     held_out_portfolio,
     seed_range,
@@ -90,6 +91,7 @@ def _one(args: tuple[str, str, int, float, float, float, str, int]) -> dict[str,
         stop_when=done,
         restarts=name in RESTARTED,
         enqueue=held_out_portfolio(table, spec.study.portfolio.size or 0),
+        wrap_sampler=SAMPLER_WRAPPERS.get(name),
     )
     progress = run.progress(maximize)
     to_target = next((c for c, v, _ in progress if (v >= target if maximize else v <= target)), math.inf)

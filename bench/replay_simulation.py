@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import optuna
 
-from bench.replay_strategies import Stopper, build_pruner, stopper_for
+from bench.replay_strategies import SamplerWrapper, Stopper, build_pruner, stopper_for
 from bench.replay_table import Lookup, Recorded, Table, nearest_neighbour, restarted
 from hpo import search
 from hpo.config import StudySpec
@@ -86,6 +86,7 @@ def replay(
     tell_diverged: TellDiverged | None = None,
     restarts: bool = False,
     enqueue: Sequence[dict[str, Any]] = (),
+    wrap_sampler: SamplerWrapper | None = None,
 ) -> Replay:
     """Run the spec's sampler and pruner against the table with max_concurrent workers.
 
@@ -98,8 +99,9 @@ def replay(
     ``tell_diverged``, a non-finite value is read as any other). With ``restarts``, each trial
     runs the table's complete short schedules before its full one (``restarted``). ``enqueue``:
     parameters asked first, in order (a starting portfolio), the sampler drawing any they omit.
+    ``wrap_sampler``: a candidate sampler built around the spec's (one no study file can name).
     """
-    study = _study(spec)
+    study = _study(spec, wrap_sampler)
     for imported in initial_trials:
         study.add_trial(imported)
     for params in enqueue:
@@ -119,14 +121,15 @@ def replay(
     return workers.result
 
 
-def _study(spec: StudySpec) -> optuna.Study:
+def _study(spec: StudySpec, wrap_sampler: SamplerWrapper | None = None) -> optuna.Study:
     """The strategy's in-memory study: its sampler and pruner as a study file builds them."""
+    sampler = search.sampler_for(spec)  # as the launcher builds it (no near-copy proposals)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.create_study(
             study_name="replay",  # Hyperband picks a trial's bracket from a hash of this name
             direction=spec.study.direction,
-            sampler=search.sampler_for(spec),  # as the launcher builds it (no near-copy proposals)
+            sampler=wrap_sampler(sampler, spec) if wrap_sampler else sampler,
             pruner=build_pruner(spec),
         )
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import optuna
 
 from bench.curve_pruner import CurvePruner
+from bench.refinement import LocalRefinement
 from bench.replay_table import Table, recorded_tables
 from hpo import search
 from hpo.config import PrunerSpec, StudySpec
@@ -66,6 +67,9 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     # Numeric choices (batch size, width) shown to the sampler in their order (hpo/ordered_choices.py).
     "tpe+ordered": {"sampler": {"name": "tpe", "ordered_choices": True}, "pruner": {"name": "none"}},
     "default+ordered": {"sampler": {"ordered_choices": True}, "pruner": None},  # the portfolio, then that
+    # Local refinement around the incumbent late in the study (bench/refinement.py, SAMPLER_WRAPPERS).
+    "tpe+refine": {"sampler": TPE, "pruner": {"name": "none"}},
+    "default+refine": {"sampler": None, "pruner": None},
 }  # fmt: skip
 RESTARTED = {"tpe+sha-restarts", "random+sha-restarts"}
 """Replayed on the tables that hold complete short runs only (``python -m bench.curves record-short``)."""
@@ -77,16 +81,26 @@ never the shipped one, which was learned from the task scored too."""
 
 # Stop rules measured here that no study file can name (not shipped: see bench/curve_pruner.py).
 BENCH_PRUNERS: dict[str, Callable[..., optuna.pruners.BasePruner]] = {"curve": CurvePruner}
+SamplerWrapper = Callable[[optuna.samplers.BaseSampler, StudySpec], optuna.samplers.BaseSampler]
+
+
+def _refined(sampler: optuna.samplers.BaseSampler, spec: StudySpec) -> optuna.samplers.BaseSampler:
+    return LocalRefinement(sampler, search.distributions(spec), seed=spec.study.sampler.seed)
+
+
+# Samplers measured here that no study file can name, by strategy: built around the study's own.
+SAMPLER_WRAPPERS: dict[str, SamplerWrapper] = {"tpe+refine": _refined, "default+refine": _refined}
 # Strategies replayed in runs of their own (``python -m bench.replay --run NAME``, written to
 # bench/results/replay-NAME.json and committed), which the plain run's summary reads beside its
 # own figures: at 100 seeds the plain run keeps to 30 minutes. "pruners": the peers' stop rules
 # (Optuna's median and Hyperband, Ray Tune's ASHA), 4 to 10 times a TPE seed's time each (a
 # pruner reads every trial's curve at every report); "gp": a GP fit at every ask, about a
-# minute a seed; "ordered": the candidates of ordered numeric choices.
+# minute a seed; "ordered": the candidates of ordered numeric choices; "refine": of local refinement.
 NAMED_RUNS: dict[str, set[str]] = {
     "pruners": {"tpe+hyperband", "tpe+median", "ray-asha"},
     "gp": {"gp", "gp+median-from-2/3"},
     "ordered": {"tpe+ordered", "default+ordered"},
+    "refine": {"tpe+refine", "default+refine"},
 }
 # Left out of a plain run too (runnable by name), to keep five tasks' replay under 30 minutes
 # (bench/results/replay-all-strategies.txt has the last run with all of them): measured on the
@@ -233,7 +247,7 @@ def stopper_for(spec: StudySpec, table: Table) -> Stopper:
 
 @functools.cache
 def _recorded() -> list[Table]:
-    return [Table.load(p) for p in recorded_tables()]
+    return [Table.load(p) for p in recorded_tables(check_only=False)]
 
 
 def held_out_portfolio(table: Table, size: int = PORTFOLIO_SIZE) -> list[dict[str, Any]]:

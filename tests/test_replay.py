@@ -16,7 +16,7 @@ from bench.replay import clock_at_compute
 from bench.replay_simulation import Replay, replay
 from bench.replay_statistics import median_interval, paired
 from bench.replay_strategies import STRATEGIES, schedule_rungs, spec_with, stopper_for
-from bench.replay_summary import leave_one_task_out, quartiles, summarize
+from bench.replay_summary import choose, leave_one_task_out, quartiles, summarize
 from bench.replay_table import (
     CHOSEN_ON,
     Lookup,
@@ -340,6 +340,37 @@ def test_leave_one_task_out_chooses_without_the_task_and_scores_on_it() -> None:
         "b": {"chosen": "broad", "compute_to_target": 0.4, "beats_random": 0.8},
         "c": {"chosen": "narrow", "compute_to_target": None, "beats_random": 0.1},
     }
+
+
+def test_the_choice_counts_the_targets_met_before_the_worst_median() -> None:
+    def cell(compute: float, high: float, beats: float) -> dict[str, Any]:
+        return {"compute_to_target": compute, "interval": {"low": 0.1, "high": high}, "beats_random": beats}
+
+    per_task = {
+        # all three targets on a and b, none on c: 6 met
+        "meets": {"a": cell(0.3, 0.35, 0.85), "b": cell(0.3, 0.35, 0.85), "c": cell(0.6, 0.7, 0.7)},
+        # the lower worst median (0.55 against 0.6), and no target anywhere
+        "flat": {"a": cell(0.5, 0.55, 0.7), "b": cell(0.5, 0.55, 0.7), "c": cell(0.55, 0.6, 0.7)},
+    }
+    assert choose(per_task, ["a", "b", "c"]) == "meets"
+    assert choose(per_task, ["c"]) == "flat"  # no target met by either: the worst median decides
+    tasks = {t: {"strategies": {n: {"compute_to_target": {"median": c[t]["compute_to_target"]},
+                                    "compute_to_target_interval": c[t]["interval"],
+                                    "beats_random_at_equal_compute": c[t]["beats_random"]}
+                                for n, c in per_task.items()}} for t in "abc"}  # fmt: skip
+    assert summarize(tasks)["chosen"] == "meets"
+    # Against the shipped default, more targets met is not enough: it must also need less compute
+    # than the default seed by seed in most seeds, on at least half of the tasks.
+    default = {"default": per_task["flat"]}
+    assert choose({**per_task, **default}, ["a", "b", "c"]) == "default"
+    ahead = {t: {**c, "beats_default": 0.6} for t, c in per_task["meets"].items()}
+    assert (
+        choose(
+            {**per_task, **default, "meets": {**ahead, "c": {**ahead["c"], "beats_default": 0.4}}},
+            ["a", "b", "c"],
+        )
+        == "meets"
+    )
 
 
 def test_a_restarted_trial_runs_each_short_schedule_then_the_full_one_judged_at_each_end(
