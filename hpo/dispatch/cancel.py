@@ -30,12 +30,14 @@ def cancel(spec: StudySpec, ref: StorageRef, study: optuna.Study) -> list[str]:
     was set has stored its job id or been closed; then every job, those the trials hold and those
     found in the queue by the study's job names (a job submitted but not yet recorded)."""
 
-    # The launcher that holds the study is read before the flag is stored: one killed after that
-    # (while the cancel waits, or before it looks) is then named as gone, not left unsaid.
-    holder = Lease(ref, spec.study.name).held_by_another()
+    # The launcher that holds the study is read before the flag is stored and again after: one
+    # killed in between (or while the cancel waits) is named as gone, not left unsaid, and one that
+    # took the study in between (it saw no flag yet) is waited for like any other.
+    before = Lease(ref, spec.study.name).held_by_another()
     requested = time.time()
     study_record.request_cancel(study, requested)
     try:
+        holder = Lease(ref, spec.study.name).held_by_another() or before
         return _cancel_requested(spec, ref, study, requested, holder)
     finally:  # a launch is refused until now (and for CANCEL_STALE_S if this process is killed)
         study_record.end_cancel(study, requested)
