@@ -87,8 +87,19 @@ def sampler_for(spec: StudySpec, seed_stream: int = 0) -> optuna.samplers.BaseSa
     return DistinctProposals(inner, distributions(spec))
 
 
+RAY_SCHEDULERS = {
+    "successive_halving": "Ray Tune's ASHAScheduler",
+    "hyperband": "Ray Tune's HyperBandScheduler",
+    "median": "Ray Tune's MedianStoppingRule",
+    "pbt": "Ray Tune's PopulationBasedTraining",
+}
+"""What stops (or, PBT, mutates) a trial on the Ray backend, by the study's pruner name."""
+
+
 def strategy_line(spec: StudySpec) -> str:
     """What the study's search is and why, in one line (``hpo launch --dry-run``)."""
+    from hpo import portfolio
+
     sampler, pruner = spec.study.sampler, spec.study.pruner
     named = {"tpe": "TPE", "gp": "the GP", "random": "random search", "qmc": "QMC", "cmaes": "CMA-ES"}
     drawn = named[sampler.name]
@@ -96,20 +107,30 @@ def strategy_line(spec: StudySpec) -> str:
         drawn += f" (with the constant liar: {spec.study.max_concurrent} trials run at once)"
     if sampler.ordered_choices:
         drawn += ", numeric choices shown in their order"
-    size = spec.study.portfolio.size or 0
+    if pruner.name == "pbt":
+        drawn += " for PBT's first population"
+    size = len(portfolio.starting_trials(spec))  # as many as fit the budget and the space's roles
     start = f"the learned portfolio's {size} entries (hpo/portfolio.json), then " if size else ""
-    stop = "no pruner" if pruner.name == "none" else f"the {pruner.name} pruner"
-    default_sampler, default_pruner = spec.search_defaults
+    if spec.study.backend == "ray":
+        stop = RAY_SCHEDULERS.get(pruner.name, "no scheduler")
+    else:
+        stop = "no pruner" if pruner.name == "none" else f"the {pruner.name} pruner"
+    default_sampler, pruner_from = spec.search_defaults
+    why_pruner = {
+        "default": "no pruner is the default (none paid under OneCycle)",
+        "options": "study.pruner gives options without a name: median stopping from 4/9 of the steps",
+        "named": f"study.pruner names {pruner.name}",
+    }[pruner_from]
     if default_sampler and spec.study.warm_start.sources and not size:
-        why = "the study file names no sampler; a warm start replaces the portfolio"
-    elif default_sampler and default_pruner:
+        why = f"the study file names no sampler, and a warm start replaces the portfolio; {why_pruner}"
+    elif default_sampler and pruner_from == "default":
         why = "the study file names no sampler and no pruner: the default, replayed on the recorded tasks (docs/benchmarks.md)"
     elif default_sampler:
-        why = f"the study file names no sampler (the default's) and study.pruner names {pruner.name}"
-    elif default_pruner:
-        why = f"study.sampler names {sampler.name}; no pruner is the default (none paid under OneCycle)"
-    else:
+        why = f"the study file names no sampler (the default's); {why_pruner}"
+    elif pruner_from == "named":
         why = "the study file names both"
+    else:
+        why = f"study.sampler names {sampler.name}; {why_pruner}"
     return f"search: {start}{drawn}; {stop}. Why: {why}"
 
 

@@ -24,7 +24,7 @@ import math
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
@@ -70,8 +70,9 @@ class StudySpec:
     """Where the objective runs: objective.cwd resolved against the study file's folder."""
     warnings: list[str] = dataclasses.field(default_factory=list)
     """What the launch says before it starts, without refusing (a parameter the command never names)."""
-    search_defaults: tuple[bool, bool] = (False, False)
-    """Whether the sampler, and the pruner, are the measured default's (the file names neither)."""
+    search_defaults: tuple[bool, Literal["named", "default", "options"]] = (False, "named")
+    """Whether the sampler is the measured default's (the file names none), and where the pruner
+    comes from: named in the file, the default (none), or options without a name (median from 4/9)."""
 
     @property
     def max_steps(self) -> int:
@@ -194,7 +195,10 @@ def build_spec(document: dict[str, Any], source: str) -> StudySpec:
         study_doc = {**study_doc, "pruner": {"name": "none"}}
         pruner_options = None
     spec = _build_spec(document, source, _section(StudySection, study_doc, "study"))
-    spec.search_defaults = (unnamed_sampler, unnamed_pruner and not pruner_options)
+    spec.search_defaults = (
+        unnamed_sampler,
+        "named" if not unnamed_pruner else "options" if pruner_options else "default",
+    )
     if spec.study.portfolio.size is None:
         # A warm start has a better start than the portfolio (the user's own earlier trials); a
         # `portfolio` the file sets is honoured with one as without.

@@ -203,8 +203,18 @@ def test_the_search_line_says_which_sampler_and_start_a_study_gets_and_why(tmp_p
         "under OneCycle)"
     )
     assert line("warm", warm_start={"studies": ["earlier"]}, max_concurrent=1).endswith(
-        "Why: the study file names no sampler; a warm start replaces the portfolio"
+        "Why: the study file names no sampler, and a warm start replaces the portfolio; no pruner is the "
+        "default (none paid under OneCycle)"
     )
+    # Options without a name: the median rule from 4/9 of the steps, said as such.
+    assert line("options", pruner={"options": {"n_startup_trials": 2}}, max_concurrent=1).endswith(
+        "the median pruner. Why: the study file names no sampler (the default's); study.pruner gives "
+        "options without a name: median stopping from 4/9 of the steps"
+    )
+    # The count is what the budget leaves: 2 trials, 2 entries.
+    assert line("small", n_trials=2, max_concurrent=1).startswith("search: the learned portfolio's 2 entries")
+    ray = line("ray", backend="ray", sampler={"name": "tpe"}, pruner={"name": "successive_halving"})
+    assert "; Ray Tune's ASHAScheduler. Why: the study file names both" in ray, ray
     ordered = line("both", sampler={"name": "tpe", "ordered_choices": True}, pruner={"name": "median"})
     assert ordered.endswith(
         "numeric choices shown in their order; the median pruner. Why: the study file names both"
