@@ -25,7 +25,9 @@ class LocalRefinement(optuna.samplers.BaseSampler):
     probability ``share``, one of the ``top`` best completed trials moved in every numeric
     parameter by a normal step of ``scale`` of its range (log-scaled where the range is, reflected
     at the ends); its categorical parameters are the incumbent's. An enqueued trial is left to
-    the inner sampler."""
+    the inner sampler. Its steps are not checked against near-copies of the study's trials (the
+    launcher's ``DistinctProposals`` wraps the inner sampler only): in the replay, a step that
+    lands among the same 3 nearest recorded configurations is their curve again with new noise."""
 
     def __init__(
         self,
@@ -48,11 +50,15 @@ class LocalRefinement(optuna.samplers.BaseSampler):
         self.inner.before_trial(study, trial)
         if trial.system_attrs.get("fixed_params") or self._rng.random() >= self.share:
             return
-        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        complete = [
+            t
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.value is not None and math.isfinite(t.value)
+        ]
         if len(complete) < self.after:
             return
         maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-        best = sorted(complete, key=lambda t: t.value or 0.0, reverse=maximize)[: self.top]
+        best = sorted(complete, key=lambda t: float(t.value or 0.0), reverse=maximize)[: self.top]
         incumbent = self._rng.choice(best)
         self._refined[trial.number] = {
             name: self._step(incumbent.params[name], distribution)

@@ -202,7 +202,7 @@ def leave_one_task_out(summary: dict[str, Any]) -> dict[str, Any]:
         for n, s in summary["strategies"].items()
         if n != "random" and set(tasks) <= set(s["per_task"])
     }
-    if len(tasks) < 2:
+    if len(tasks) < 2 or not per_task:
         return {}
     folds = {}
     for held_out in tasks:
