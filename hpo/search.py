@@ -111,7 +111,7 @@ def strategy_line(spec: StudySpec) -> str:
         drawn += " for PBT's first population"
     size = len(portfolio.starting_trials(spec))  # as many as fit the budget and the space's roles
     start = f"the learned portfolio's {size} entries (hpo/portfolio.json), then " if size else ""
-    if spec.study.backend == "ray":
+    if spec.study.on_ray:
         stop = RAY_SCHEDULERS.get(pruner.name, "no scheduler")
     else:
         stop = "no pruner" if pruner.name == "none" else f"the {pruner.name} pruner"
