@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -117,6 +118,12 @@ def _one(args: tuple[str, str, int, float, float, float, str, int]) -> dict[str,
     }
 
 
+def _one_thread() -> None:
+    """A GP sampler's torch would start a thread per core in every process: ``processes`` of
+    them already share the cores."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 def clock_at_compute(run: Replay, compute: float) -> float:
     """The clock at which ``compute`` had been charged (bisection: compute_at only grows)."""
     low, high = 0.0, max((t.end_s for t in run.trials), default=0.0)
@@ -129,11 +136,20 @@ def clock_at_compute(run: Replay, compute: float) -> float:
 
 
 def compare(
-    table_path: Path, names: Sequence[str], seeds: int, trials: int, lookup: str, processes: int
+    table_path: Path,
+    names: Sequence[str],
+    seeds: int,
+    trials: int,
+    lookup: str,
+    processes: int,
+    candidate_seeds: int | None = None,
 ) -> dict[str, Any]:
+    """Every strategy of ``names`` on the same seeds, against random search's median best over
+    them; with ``candidate_seeds``, all but random search and the default on the first that many
+    only (a slow peer: the target and the pairs are still those of every seed)."""
     table = Table.load(table_path)
     names = [n for n in names if n not in RESTARTED or table.short]
-    with ProcessPoolExecutor(processes) as pool:
+    with ProcessPoolExecutor(processes, initializer=_one_thread) as pool:
         baseline = list(
             pool.map(random_baseline, [(str(table_path), s, trials, lookup) for s in seed_range(seeds)])
         )
@@ -142,7 +158,9 @@ def compare(
         jobs = [
             (str(table_path), n, s, target, budget, 3 * budget, lookup, trials)
             for n in names
-            for s in seed_range(seeds)
+            for s in seed_range(
+                seeds if candidate_seeds is None or n in BASELINES else min(seeds, candidate_seeds)
+            )
         ]
         runs = list(pool.map(_one, jobs))
     by_name: dict[str, list[dict[str, Any]]] = {n: [r for r in runs if r["strategy"] == n] for n in names}
@@ -247,11 +265,13 @@ def fidelity(table: Table) -> list[float]:
     ]
 
 
+BASELINES = ("random", "default")
+"""The strategies every comparison runs on all its seeds: the target, and the pairs."""
 PLAIN = [n for n in STRATEGIES if n not in RETIRED and not any(n in run for run in NAMED_RUNS.values())]
 """The plain run's strategies: all but the retired ones and those of the named runs."""
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -264,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=PLAIN,
                         help=f"default: all but the named runs' and {', '.join(sorted(RETIRED))} (retired)")  # fmt: skip
     parser.add_argument("--seeds", type=int, default=100)
+    parser.add_argument("--candidate-seeds", type=int,
+                        help="run the strategies other than random search and the default on the "
+                             "first N seeds only (a slow peer's named run)")  # fmt: skip
     parser.add_argument("--trials", type=int, default=64, help="random search's trials (the baseline)")
     parser.add_argument("--lookup", choices=list(LOOKUPS), default="3-nearest+noise")
     parser.add_argument("--also-lookup", nargs="*", choices=list(LOOKUPS), default=[],
@@ -271,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--also-seeds", type=int, default=20, help="seeds for the other lookups")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--json", type=Path, help="default: bench/results/replay.json (replay-RUN.json)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
     strategies = sorted(NAMED_RUNS[args.run]) if args.run else args.strategies
     names = list(dict.fromkeys(["random", *(["default"] if args.run else []), *strategies]))
     out = args.json or REPO / "bench/results" / (f"replay-{args.run}.json" if args.run else "replay.json")
@@ -293,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     for path in tables:
         task = Table.load(path).task
         print(f"== task {task} ({path.relative_to(REPO) if path.is_relative_to(REPO) else path})")
-        result["tasks"][task] = compare(path, names, args.seeds, args.trials, args.lookup, args.processes)
+        result["tasks"][task] = compare(
+            path, names, args.seeds, args.trials, args.lookup, args.processes, args.candidate_seeds
+        )
         print_table(result["tasks"][task])
         print()
         for lookup in args.also_lookup:

@@ -18,7 +18,7 @@ import optuna
 
 from bench.replay_strategies import SamplerWrapper, Stopper, build_pruner, stopper_for
 from bench.replay_table import Lookup, Recorded, Table, nearest_neighbour, restarted
-from hpo import search
+from hpo import record, search
 from hpo.config import StudySpec
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -101,7 +101,7 @@ def replay(
     parameters asked first, in order (a starting portfolio), the sampler drawing any they omit.
     ``wrap_sampler``: a candidate sampler built around the spec's (one no study file can name).
     """
-    study = _study(spec, wrap_sampler)
+    study = _study(spec, table, wrap_sampler)
     for imported in initial_trials:
         study.add_trial(imported)
     for params in enqueue:
@@ -121,7 +121,7 @@ def replay(
     return workers.result
 
 
-def _study(spec: StudySpec, wrap_sampler: SamplerWrapper | None = None) -> optuna.Study:
+def _study(spec: StudySpec, table: Table, wrap_sampler: SamplerWrapper | None = None) -> optuna.Study:
     """The strategy's in-memory study: its sampler and pruner as a study file builds them."""
     sampler = search.sampler_for(spec)  # as the launcher builds it (no near-copy proposals)
     with warnings.catch_warnings():
@@ -129,7 +129,7 @@ def _study(spec: StudySpec, wrap_sampler: SamplerWrapper | None = None) -> optun
         return optuna.create_study(
             study_name="replay",  # Hyperband picks a trial's bracket from a hash of this name
             direction=spec.study.direction,
-            sampler=wrap_sampler(sampler, spec) if wrap_sampler else sampler,
+            sampler=wrap_sampler(sampler, spec, table) if wrap_sampler else sampler,
             pruner=build_pruner(spec),
         )
 
@@ -196,17 +196,23 @@ class _Workers:
         last = epoch == len(run.recorded.values)
         step = epoch if run.judged_at is None else run.judged_at.get(epoch)
         if tell_diverged is not None and not math.isfinite(value):
-            tell_diverged(self.study, trial, self.spec.study.direction)
             run.state = "DIVERGED"
         elif step is not None and self.stopper.decide(trial, step, value, last):
-            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             run.state = "PRUNED"
         elif last:
-            self.study.tell(trial, value)
-            run.state, run.value = "COMPLETE", value
+            run.state = "COMPLETE"
         else:
             self._queue(clock + run.recorded.epoch_s[epoch], number, epoch + 1)
             return False
+        trial.set_user_attr(record.ATTR_ELAPSED_S, round(clock - run.asked_s, 3))  # as the service records it
+        if run.state == "DIVERGED":
+            assert tell_diverged is not None
+            tell_diverged(self.study, trial, self.spec.study.direction)
+        elif run.state == "PRUNED":
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            self.study.tell(trial, value)
+            run.value = value
         run.end_s = clock
         self.closed_s += clock - run.asked_s
         del self.live[number]

@@ -17,9 +17,11 @@ from typing import Any, Protocol
 
 import optuna
 
+from bench.acquisition import AcquisitionTPE, TransferPrior
 from bench.curve_pruner import CurvePruner
 from bench.refinement import LocalRefinement
 from bench.replay_table import Table, recorded_tables
+from bench.smac_sampler import SmacSampler
 from hpo import search
 from hpo.config import PrunerSpec, StudySpec
 from hpo.config.schema import build_spec
@@ -51,7 +53,9 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "tpe+curve": {"sampler": TPE, "pruner": {"name": "curve"}},
     "tpe+curve-z1": {"sampler": TPE, "pruner": {"name": "curve", "options": {"z": 1.0}}},
     "tpe+curve-z3": {"sampler": TPE, "pruner": {"name": "curve", "options": {"z": 3.0}}},
-    "gp": {"sampler": {"name": "gp"}, "pruner": {"name": "none"}},
+    "gp": {"sampler": {"name": "gp"}, "pruner": {"name": "none"}},  # GP's own 10 random start-up trials
+    "default+gp": {"sampler": {"name": "gp"}, "portfolio": DEFAULT_PORTFOLIO, "pruner": None},  # the portfolio, then GP
+    "gp+ordered": {"sampler": {"name": "gp", "ordered_choices": True}, "pruner": {"name": "none"}},
     "gp+median-from-2/3": {"sampler": {"name": "gp"}, "pruner": {"name": "median", "options": {"n_warmup_steps": Fraction(2, 3)}}},
     "tpe+sha": {"sampler": TPE, "pruner": {"name": "successive_halving", "options": {"min_resource": 1, "reduction_factor": 3}}},
     "random+sha": {"sampler": {"name": "random"}, "pruner": {"name": "successive_halving", "options": {"min_resource": 1, "reduction_factor": 3}}},
@@ -70,6 +74,15 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     # Local refinement around the incumbent late in the study (bench/refinement.py, SAMPLER_WRAPPERS).
     "tpe+refine": {"sampler": TPE, "pruner": {"name": "none"}},
     "default+refine": {"sampler": None, "pruner": None},
+    # TPE whose acquisition gets a fading term (bench/acquisition.py, SAMPLER_WRAPPERS): the other
+    # tasks' best configurations as a soft prior, in place of the portfolio's entries or after them;
+    # or the trials' predicted cost.
+    "tpe+prior": {"sampler": TPE, "pruner": {"name": "none"}},
+    "default+prior": {"sampler": None, "pruner": None},
+    "tpe+cost": {"sampler": TPE, "pruner": {"name": "none"}},
+    "default+cost": {"sampler": None, "pruner": None},
+    # SMAC3's random-forest optimizer as a peer (bench/smac_sampler.py, SAMPLER_WRAPPERS).
+    "smac": {"sampler": {"name": "random"}, "pruner": {"name": "none"}},
 }  # fmt: skip
 RESTARTED = {"tpe+sha-restarts", "random+sha-restarts"}
 """Replayed on the tables that hold complete short runs only (``python -m bench.curves record-short``)."""
@@ -81,36 +94,75 @@ never the shipped one, which was learned from the task scored too."""
 
 # Stop rules measured here that no study file can name (not shipped: see bench/curve_pruner.py).
 BENCH_PRUNERS: dict[str, Callable[..., optuna.pruners.BasePruner]] = {"curve": CurvePruner}
-SamplerWrapper = Callable[[optuna.samplers.BaseSampler, StudySpec], optuna.samplers.BaseSampler]
+SamplerWrapper = Callable[[optuna.samplers.BaseSampler, StudySpec, Table], optuna.samplers.BaseSampler]
+"""(the study's sampler, its spec, the table it is replayed on) -> the candidate sampler."""
 
 
-def _refined(sampler: optuna.samplers.BaseSampler, spec: StudySpec) -> optuna.samplers.BaseSampler:
+def _refined(
+    sampler: optuna.samplers.BaseSampler, spec: StudySpec, table: Table
+) -> optuna.samplers.BaseSampler:
     return LocalRefinement(sampler, search.distributions(spec), seed=spec.study.sampler.seed)
 
 
-# Samplers measured here that no study file can name, by strategy: built around the study's own.
-SAMPLER_WRAPPERS: dict[str, SamplerWrapper] = {"tpe+refine": _refined, "default+refine": _refined}
+def _acquisition(prior: bool, cost_aware: bool) -> SamplerWrapper:
+    """The study's TPE (its options, the launcher's constant liar) as an ``AcquisitionTPE``, the
+    prior learned from the other recorded tasks, behind the launcher's near-copy check."""
+
+    def build(
+        sampler: optuna.samplers.BaseSampler, spec: StudySpec, table: Table
+    ) -> optuna.samplers.BaseSampler:
+        options = {**spec.study.sampler.options, "seed": spec.study.sampler.seed}
+        if spec.study.max_concurrent > 1:
+            options.setdefault("constant_liar", True)  # as hpo.search.build_sampler sets it
+        learned = TransferPrior.learn(_recorded(), without=table.task) if prior else None
+        tpe = AcquisitionTPE(
+            spec.search_space, search.distributions(spec), prior=learned, cost_aware=cost_aware, **options
+        )
+        return search.DistinctProposals(tpe, search.distributions(spec))
+
+    return build
+
+
+def _smac(sampler: optuna.samplers.BaseSampler, spec: StudySpec, table: Table) -> optuna.samplers.BaseSampler:
+    """SMAC3 in the study's sampler's place (as a peer: without the launcher's near-copy check)."""
+    return SmacSampler(search.distributions(spec), seed=spec.study.sampler.seed)
+
+
+# Samplers measured here that no study file can name, by strategy: built around the study's own,
+# or in its place.
+SAMPLER_WRAPPERS: dict[str, SamplerWrapper] = {
+    "tpe+refine": _refined,
+    "default+refine": _refined,
+    "tpe+prior": _acquisition(prior=True, cost_aware=False),
+    "default+prior": _acquisition(prior=True, cost_aware=False),
+    "tpe+cost": _acquisition(prior=False, cost_aware=True),
+    "default+cost": _acquisition(prior=False, cost_aware=True),
+    "smac": _smac,
+}
 # Strategies replayed in runs of their own (``python -m bench.replay --run NAME``, written to
 # bench/results/replay-NAME.json and committed), which the plain run's summary reads beside its
 # own figures: at 100 seeds the plain run keeps to 30 minutes. "pruners": the peers' stop rules
 # (Optuna's median and Hyperband, Ray Tune's ASHA), 4 to 10 times a TPE seed's time each (a
-# pruner reads every trial's curve at every report); "gp": a GP fit at every ask, about a
-# minute a seed; "ordered": the candidates of ordered numeric choices; "refine": of local refinement.
+# pruner reads every trial's curve at every report); "gp": a GP fit at every ask, 5 to 10 s
+# a seed (Optuna 5; 30 times TPE's); "ordered": the candidates of ordered numeric choices; "refine": of local refinement.
 NAMED_RUNS: dict[str, set[str]] = {
     "pruners": {"tpe+hyperband", "tpe+median", "ray-asha"},
-    "gp": {"gp", "gp+median-from-2/3"},
+    "gp": {"gp", "default+gp", "gp+ordered"},
     "ordered": {"tpe+ordered", "default+ordered"},
     "refine": {"tpe+refine", "default+refine"},
+    "acquisition": {"tpe+prior", "default+prior", "tpe+cost", "default+cost"},
+    "smac": {"smac"},
 }
 # Left out of a plain run too (runnable by name), to keep five tasks' replay under 30 minutes
 # (bench/results/replay-all-strategies.txt has the last run with all of them): measured on the
 # first three tasks, the first six never reached random's median best on a held-out task (or,
 # tpe+curve, did worse than its own z3 variant everywhere); on all five, tpe+sha-from-1/3 and
 # tpe+curve-z3 were behind TPE alone on 4 of 5 tasks, and ray-default is the default itself
-# (the Ray backend builds no scheduler for no pruner: the same sampler, the same trials).
+# (the Ray backend builds no scheduler for no pruner: the same sampler, the same trials);
+# gp+median-from-2/3: its pruner did worse than none beside TPE on 5 of 6 tasks (tpe+median-from-2/3).
 RETIRED = {
     "old default", "tpe+sha", "tpe+curve", "tpe+curve-z1", "random+sha", "random+hyperband",
-    "tpe+sha-from-1/3", "tpe+curve-z3", "ray-default",
+    "tpe+sha-from-1/3", "tpe+curve-z3", "ray-default", "gp+median-from-2/3",
 }  # fmt: skip
 
 

@@ -60,6 +60,8 @@ def print_table(result: dict[str, Any]) -> None:
         pair = s.get("versus_default")
         shipped = "" if not pair or pair["beats"] is None else f"{pair['beats']:.0%}/{pair['ties']:.0%}"
         label = f"{name} ({s['named_run']})" if s.get("named_run") else name
+        if s["seeds"] < result["seeds"]:
+            label += f" ({s['seeds']} seeds)"
         print(f"{label:26} {s['trials']:>6.0f} {cell(s['compute_to_target'], 3):>22} "
               f"{interval_cell(s.get('compute_to_target_interval')):>19} "
               f"{cell(s['best_at_equal_compute'], 4):>26} {cell(s['test_accuracy_of_best'], 4):>26} {versus:>17} "
