@@ -63,6 +63,12 @@ from bench.replay_strategies import (
 from bench.replay_summary import print_summary, print_table, quartiles, summarize
 from bench.replay_table import CHOSEN_ON, CURVES, LOOKUPS, REPO, Table, recorded_tables
 
+HORIZON = 3.0
+"""How far a strategy runs, in random search's compute, when it has not reached the target: its
+compute to target is infinite past it."""
+BASELINES = ("random", "default")
+"""The strategies every comparison runs on all its seeds: the target, and the pairs."""
+
 
 def random_baseline(args: tuple[str, int, int, str]) -> tuple[float, float]:
     table_path, seed, trials, lookup = args
@@ -143,12 +149,19 @@ def compare(
     lookup: str,
     processes: int,
     candidate_seeds: int | None = None,
+    horizon: float = HORIZON,
 ) -> dict[str, Any]:
     """Every strategy of ``names`` on the same seeds, against random search's median best over
-    them; with ``candidate_seeds``, all but random search and the default on the first that many
-    only (a slow peer: the target and the pairs are still those of every seed)."""
+    them, each run until it reaches that or has spent ``HORIZON`` times random search's compute.
+    With ``candidate_seeds``, all but random search and the default run on the first that many
+    seeds only, and to ``horizon`` (a slow candidate; the target and the pairs are still those of
+    every seed)."""
     table = Table.load(table_path)
     names = [n for n in names if n not in RESTARTED or table.short]
+
+    def reach(name: str) -> float:
+        return HORIZON if candidate_seeds is None or name in BASELINES else horizon
+
     with ProcessPoolExecutor(processes, initializer=_one_thread) as pool:
         baseline = list(
             pool.map(random_baseline, [(str(table_path), s, trials, lookup) for s in seed_range(seeds)])
@@ -156,7 +169,7 @@ def compare(
         budget = statistics.median(c for c, _ in baseline)
         target = statistics.median(b for _, b in baseline)
         jobs = [
-            (str(table_path), n, s, target, budget, 3 * budget, lookup, trials)
+            (str(table_path), n, s, target, budget, reach(n) * budget, lookup, trials)
             for n in names
             for s in seed_range(
                 seeds if candidate_seeds is None or n in BASELINES else min(seeds, candidate_seeds)
@@ -167,13 +180,15 @@ def compare(
     random_best = {r["seed"]: r["best_at_equal_compute"] for r in by_name.get("random", [])}
     shipped = {r["seed"]: r["compute_to_target"] for r in by_name.get("default", [])}
     strategies = {
-        name: strategy_figures(name, rows, table, random_best, shipped) for name, rows in by_name.items()
+        name: {**strategy_figures(name, rows, table, random_best, shipped), "horizon": reach(name)}
+        for name, rows in by_name.items()
     }
     return {
         "metric": table.metric,
         # The lookup keeps values within [0, 1]: a target at that bound is one that seed noise
         # added to a good curve reaches by being cut there, and no strategy can be told apart.
         "saturated": table.direction == "maximize" and target >= 1.0,
+        "horizon": HORIZON,
         "lookup": lookup,
         "seeds": seeds,
         "random_trials": trials,
@@ -265,8 +280,6 @@ def fidelity(table: Table) -> list[float]:
     ]
 
 
-BASELINES = ("random", "default")
-"""The strategies every comparison runs on all its seeds: the target, and the pairs."""
 PLAIN = [n for n in STRATEGIES if n not in RETIRED and not any(n in run for run in NAMED_RUNS.values())]
 """The plain run's strategies: all but the retired ones and those of the named runs."""
 
@@ -287,6 +300,11 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--candidate-seeds", type=int,
                         help="run the strategies other than random search and the default on the "
                              "first N seeds only (a slow peer's named run)")  # fmt: skip
+    parser.add_argument("--summarize-again", action="store_true",
+                        help="print the plain run's JSON again with the named runs read anew (replays nothing)")  # fmt: skip
+    parser.add_argument("--horizon", type=float, default=HORIZON,
+                        help="with --candidate-seeds: how far those strategies run without reaching the "
+                             "target, in random search's compute (1: as far as the choice's figures read)")  # fmt: skip
     parser.add_argument("--trials", type=int, default=64, help="random search's trials (the baseline)")
     parser.add_argument("--lookup", choices=list(LOOKUPS), default="3-nearest+noise")
     parser.add_argument("--also-lookup", nargs="*", choices=list(LOOKUPS), default=[],
@@ -299,6 +317,8 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
+    if args.summarize_again:
+        return summarize_again(args.json or REPO / "bench/results/replay.json")
     strategies = sorted(NAMED_RUNS[args.run]) if args.run else args.strategies
     names = list(dict.fromkeys(["random", *(["default"] if args.run else []), *strategies]))
     out = args.json or REPO / "bench/results" / (f"replay-{args.run}.json" if args.run else "replay.json")
@@ -321,7 +341,14 @@ def main(argv: list[str] | None = None) -> int:
         task = Table.load(path).task
         print(f"== task {task} ({path.relative_to(REPO) if path.is_relative_to(REPO) else path})")
         result["tasks"][task] = compare(
-            path, names, args.seeds, args.trials, args.lookup, args.processes, args.candidate_seeds
+            path,
+            names,
+            args.seeds,
+            args.trials,
+            args.lookup,
+            args.processes,
+            args.candidate_seeds,
+            args.horizon,
         )
         print_table(result["tasks"][task])
         print()
@@ -339,6 +366,23 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"replayed in {result['seconds']:.0f} s; {out}")
+    return 0
+
+
+def summarize_again(path: Path) -> int:
+    """The plain run's output again from its JSON, the named runs read anew (one that finished
+    after the plain run): nothing is replayed."""
+    result = json.loads(path.read_text())
+    for task, figures in result["tasks"].items():
+        figures["strategies"] = {n: s for n, s in figures["strategies"].items() if "named_run" not in s}
+        print(f"== task {task} ({(CURVES / task / 'table.json').relative_to(REPO)})")
+        print_table(figures)
+        print()
+    result["named_runs"] = read_named_runs(result, path.parent)
+    result["summary"] = summarize(result["tasks"])
+    print_summary(result["summary"], list(result["tasks"]))
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"replayed in {result['seconds']:.0f} s (the named runs read again, nothing replayed); {path}")
     return 0
 
 

@@ -62,12 +62,15 @@ def print_table(result: dict[str, Any]) -> None:
         label = f"{name} ({s['named_run']})" if s.get("named_run") else name
         if s["seeds"] < result["seeds"]:
             label += f" ({s['seeds']} seeds)"
+        if s.get("horizon", 3.0) != result.get("horizon", 3.0):
+            label += f" (to {s['horizon']:g}x)"
         print(f"{label:26} {s['trials']:>6.0f} {cell(s['compute_to_target'], 3):>22} "
               f"{interval_cell(s.get('compute_to_target_interval')):>19} "
               f"{cell(s['best_at_equal_compute'], 4):>26} {cell(s['test_accuracy_of_best'], 4):>26} {versus:>17} "
               f"{shipped:>18}")  # fmt: skip
     print(
-        "(median [first quartile, third quartile] over the seeds; inf: not reached within 3x random's compute;"
+        "(median [first quartile, third quartile] over the seeds; inf: not reached within "
+        f"{result.get('horizon', 3.0):g}x random's compute;"
         " 90% CI: the median's bootstrap interval; beats/ties default: the share of seeds, seed by seed,"
         " in which the strategy reached the target with less compute than the shipped default / the same)"
     )
@@ -105,7 +108,10 @@ def summarize(tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for name in names:  # over the tasks it ran on (a restarted one: those with short runs)
         per_task = per_task_figures({t: r for t, r in judged.items() if name in r["strategies"]}, name)
         chosen_from = {t: v for t, v in per_task.items() if t in choosing}
+        ran = [r["strategies"][name] for r in judged.values() if name in r["strategies"]]
         out[name] = {
+            "seeds": min((s["seeds"] for s in ran), default=0),
+            "horizon": max((s.get("horizon", 3.0) for s in ran), default=3.0),
             "per_task": per_task,
             "worst": worst_figures(chosen_from),
             "worst_held_out": worst_figures({t: v for t, v in chosen_from.items() if t != CHOSEN_ON}),
@@ -237,8 +243,11 @@ def print_summary(summary: dict[str, Any], all_tasks: Sequence[str]) -> None:
         + " ".join(f"{t[:24]:>24}" for t in tasks)
         + f" {'worst':>14} {'worst held-out':>14}"
     )
+    seeds = max((s.get("seeds", 0) for s in summary["strategies"].values()), default=0)
     for name, s in summary["strategies"].items():
         cells = " ".join(f"{cell(s['per_task'].get(t)):>24}" for t in tasks)
+        if s.get("seeds", seeds) < seeds:
+            name += f" ({s['seeds']} seeds, to {s['horizon']:g}x)"
         print(f"{name:26} {cells} {cell(s['worst']):>14} {cell(s['worst_held_out']):>14}")
     for task, fold in summary.get("leave_one_task_out", {}).items():
         compute = "inf" if fold["compute_to_target"] is None else f"{fold['compute_to_target']:.3f}"

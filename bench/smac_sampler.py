@@ -40,6 +40,7 @@ class SmacSampler(optuna.samplers.BaseSampler):
     def _smac(self) -> Any:
         if self._facade is None:
             from smac import HyperparameterOptimizationFacade, Scenario
+            from smac.model.random_forest import RandomForest
 
             scenario = Scenario(
                 _configspace(self.space, self.seed),
@@ -48,8 +49,26 @@ class SmacSampler(optuna.samplers.BaseSampler):
                 seed=self.seed,
                 output_directory=Path(self._folder.name),
             )
+            # The facade's own forest (HyperparameterOptimizationFacade.get_model's settings) in one
+            # thread: with a thread per core, joblib's polling of the trees spent half its time asleep.
+            forest = RandomForest(
+                scenario.configspace,
+                log_y=True,
+                n_trees=10,
+                ratio_features=1.0,
+                min_samples_split=2,
+                min_samples_leaf=1,
+                max_depth=2**20,
+                bootstrapping=True,
+                seed=scenario.seed,
+                n_jobs=1,
+            )
             self._facade = HyperparameterOptimizationFacade(
-                scenario, target_function=lambda config, seed=0: 0.0, logging_level=False, overwrite=True
+                scenario,
+                target_function=lambda config, seed=0: 0.0,
+                model=forest,
+                logging_level=False,
+                overwrite=True,
             )
         return self._facade
 
