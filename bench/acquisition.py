@@ -109,6 +109,7 @@ class AcquisitionTPE(optuna.samplers.TPESampler):
         **tpe_options: Any,
     ) -> None:
         super().__init__(**tpe_options)
+        self.startup_trials = int(tpe_options.get("n_startup_trials", 10))  # TPESampler's default
         self.space, self.distributions = dict(space), dict(distributions)
         self.prior, self.cost_aware = prior, cost_aware
         self.roles = roles(space)
@@ -132,6 +133,7 @@ class AcquisitionTPE(optuna.samplers.TPESampler):
     ) -> dict[str, Any]:
         if self.prior is None or not self._starting(study):
             return super().sample_relative(study, trial, search_space)
+        # TPE's own random stream, so that the sampler's seed reproduces the study.
         if self._rng.rng.rand() >= self._agreement(study):
             return {}  # drawn at random, as TPE's start-up trials are
         entry = self.prior.draw(self._rng.rng)
@@ -142,8 +144,8 @@ class AcquisitionTPE(optuna.samplers.TPESampler):
         }
 
     def _starting(self, study: optuna.Study) -> bool:
-        finished = study._get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-        return len(finished) < self._n_startup_trials
+        finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        return len(finished) < self.startup_trials
 
     # -- the acquisition's term
 
@@ -215,6 +217,6 @@ def _finished(study: optuna.Study) -> list[FrozenTrial]:
     """The study's completed trials with a finite value."""
     return [
         t
-        for t in study._get_trials(deepcopy=False, states=(TrialState.COMPLETE,), use_cache=True)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if t.value is not None and math.isfinite(t.value)
     ]
