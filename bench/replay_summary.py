@@ -110,7 +110,7 @@ def summarize(tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
         chosen_from = {t: v for t, v in per_task.items() if t in choosing}
         ran = [r["strategies"][name] for r in judged.values() if name in r["strategies"]]
         out[name] = {
-            "seeds": min((s["seeds"] for s in ran), default=0),
+            "seeds": min((s.get("seeds", 0) for s in ran), default=0),
             "horizon": max((s.get("horizon", 3.0) for s in ran), default=3.0),
             "per_task": per_task,
             "worst": worst_figures(chosen_from),

@@ -16,7 +16,7 @@ from bench.replay import clock_at_compute
 from bench.replay_simulation import Replay, replay
 from bench.replay_statistics import median_interval, paired
 from bench.replay_strategies import STRATEGIES, schedule_rungs, spec_with, stopper_for
-from bench.replay_summary import choose, leave_one_task_out, quartiles, summarize
+from bench.replay_summary import choose, leave_one_task_out, print_summary, print_table, quartiles, summarize
 from bench.replay_table import (
     CHOSEN_ON,
     Lookup,
@@ -423,3 +423,24 @@ def test_strategies_are_compared_seed_by_seed_on_the_seeds_both_ran() -> None:
     # Seed 1 and 4 less (a target reached beats one never reached), 2 and 3 ties; seed 9 unpaired.
     assert paired(candidate, shipped) == {"beats": 0.5, "ties": 0.5, "seeds": 4}
     assert paired(candidate, {})["beats"] is None
+
+
+def test_a_slow_candidate_on_fewer_seeds_or_a_shorter_horizon_says_so_in_both_tables(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def figures(seeds: int, horizon: float) -> dict[str, Any]:
+        return {"seeds": seeds, "horizon": horizon, "trials": 64, "compute_to_target": quartiles([0.3, 0.4]),
+                "compute_to_target_interval": {"low": 0.3, "high": 0.4}, "best_at_equal_compute": None,
+                "test_accuracy_of_best": None, "beats_random_at_equal_compute": 0.8,
+                "ties_random_at_equal_compute": 0.0}  # fmt: skip
+
+    task = {"lookup": "3-nearest+noise", "seeds": 100, "target": 0.9, "random_trials": 64, "horizon": 3.0,
+            "compute_budget_s": 3600.0, "strategies": {"default": figures(100, 3.0), "gp": figures(30, 1.0)}}  # fmt: skip
+    print_table(task)
+    summary = summarize({"a": task})
+    assert (summary["strategies"]["gp"]["seeds"], summary["strategies"]["gp"]["horizon"]) == (30, 1.0)
+    print_summary(summary, ["a"])
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("gp (30 seeds) (to 1x) ") for line in lines)
+    assert any(line.startswith("gp (30 seeds, to 1x) ") for line in lines)
+    assert any(line.startswith("default ") for line in lines)
