@@ -143,11 +143,15 @@ SAMPLER_WRAPPERS: dict[str, SamplerWrapper] = {
 # bench/results/replay-NAME.json and committed), which the plain run's summary reads beside its
 # own figures: at 100 seeds the plain run keeps to 30 minutes. "pruners": the peers' stop rules
 # (Optuna's median and Hyperband, Ray Tune's ASHA), 4 to 10 times a TPE seed's time each (a
-# pruner reads every trial's curve at every report); "gp": a GP fit at every ask, 5 to 10 s
-# a seed (Optuna 5; 30 times TPE's); "ordered": the candidates of ordered numeric choices; "refine": of local refinement.
+# pruner reads every trial's curve at every report); "gp": a GP fit at every ask, 5 to 60 s
+# a seed to 64 trials (Optuna 5, which runs every torch call of it under a device mode; 30 to 300
+# times TPE's), run with --candidate-seeds and --horizon 1; "gp-ordered", the same on ordered
+# choices; "smac" likewise; "ordered": the candidates of ordered numeric choices; "refine": of
+# local refinement; "acquisition": TPE with a transfer prior or cost term (bench/acquisition.py).
 NAMED_RUNS: dict[str, set[str]] = {
     "pruners": {"tpe+hyperband", "tpe+median", "ray-asha"},
-    "gp": {"gp", "default+gp", "gp+ordered"},
+    "gp": {"gp", "default+gp"},
+    "gp-ordered": {"gp+ordered"},
     "ordered": {"tpe+ordered", "default+ordered"},
     "refine": {"tpe+refine", "default+refine"},
     "acquisition": {"tpe+prior", "default+prior", "tpe+cost", "default+cost"},
