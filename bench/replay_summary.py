@@ -51,7 +51,7 @@ def print_table(result: dict[str, Any]) -> None:
         shown = ["inf" if v is None else f"{v:.{digits}f}" for v in (q["q1"], q["median"], q["q3"])]
         return f"{shown[1]} [{shown[0]}, {shown[2]}]"
 
-    print(f"{'strategy':26} {'trials':>6} {'compute to target':>22} {'its median, 90% CI':>19} "
+    print(f"{'strategy':30} {'trials':>6} {'compute to target':>22} {'its median, 90% CI':>19} "
           f"{'best at equal compute':>26} {'its test accuracy':>26} {'beats/ties random':>17} "
           f"{'beats/ties default':>18}")  # fmt: skip
     for name, s in result["strategies"].items():
@@ -64,7 +64,7 @@ def print_table(result: dict[str, Any]) -> None:
             label += f" ({s['seeds']} seeds)"
         if s.get("horizon", 3.0) != result.get("horizon", 3.0):
             label += f" (to {s['horizon']:g}x)"
-        print(f"{label:26} {s['trials']:>6.0f} {cell(s['compute_to_target'], 3):>22} "
+        print(f"{label:30} {s['trials']:>6.0f} {cell(s['compute_to_target'], 3):>22} "
               f"{interval_cell(s.get('compute_to_target_interval')):>19} "
               f"{cell(s['best_at_equal_compute'], 4):>26} {cell(s['test_accuracy_of_best'], 4):>26} {versus:>17} "
               f"{shipped:>18}")  # fmt: skip
@@ -239,7 +239,7 @@ def print_summary(summary: dict[str, Any], all_tasks: Sequence[str]) -> None:
 
     print("(in each task's cell: the median, the upper end of its 90% interval after <, the share of seeds)")
     print(
-        f"{'strategy':26} "
+        f"{'strategy':30} "
         + " ".join(f"{t[:24]:>24}" for t in tasks)
         + f" {'worst':>14} {'worst held-out':>14}"
     )
@@ -248,7 +248,7 @@ def print_summary(summary: dict[str, Any], all_tasks: Sequence[str]) -> None:
         cells = " ".join(f"{cell(s['per_task'].get(t)):>24}" for t in tasks)
         if s.get("seeds", seeds) < seeds:
             name += f" ({s['seeds']} seeds, to {s['horizon']:g}x)"
-        print(f"{name:26} {cells} {cell(s['worst']):>14} {cell(s['worst_held_out']):>14}")
+        print(f"{name:30} {cells} {cell(s['worst']):>14} {cell(s['worst_held_out']):>14}")
     for task, fold in summary.get("leave_one_task_out", {}).items():
         compute = "inf" if fold["compute_to_target"] is None else f"{fold['compute_to_target']:.3f}"
         print(f"chosen without {task}: {fold['chosen']}; on {task}: compute to target {compute}, "
