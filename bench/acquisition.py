@@ -161,7 +161,7 @@ class AcquisitionTPE(optuna.samplers.TPESampler):
             for n in self.space
             if n in samples
         }
-        if self.prior is not None and (agreement := self._agreement(self._study)) > 0:
+        if self.prior is not None and (agreement := self._agreement(self._study, finished)) > 0:
             values = values + weight * agreement * self.prior.log_density(self._role_positions(external))
         if self.cost_aware:
             values = values - weight * self._log_relative_cost(external, finished)
@@ -174,12 +174,16 @@ class AcquisitionTPE(optuna.samplers.TPESampler):
     def _role_positions(self, values: Mapping[str, Sequence[Any]]) -> dict[str, np.ndarray]:
         return {self.roles[n]: p for n, p in self._positions(values).items() if n in self.roles}
 
-    def _agreement(self, study: optuna.Study) -> float:
+    def _agreement(self, study: optuna.Study, finished: list[FrozenTrial] | None = None) -> float:
         """How far the study's finished trials agree with the prior: the rank correlation of their
         prior density with their values (oriented: larger is better), 0 at worst; 1 before
         ``AGREEMENT_AFTER`` of them."""
         assert self.prior is not None
-        finished = [t for t in _finished(study) if self.roles.keys() <= t.params.keys()]
+        finished = [
+            t
+            for t in (_finished(study) if finished is None else finished)
+            if self.roles.keys() <= t.params.keys()
+        ]
         if len(finished) < AGREEMENT_AFTER:
             return 1.0
         density = self.prior.log_density(

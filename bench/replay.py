@@ -159,8 +159,11 @@ def compare(
     table = Table.load(table_path)
     names = [n for n in names if n not in RESTARTED or table.short]
 
+    def shortened(name: str) -> bool:  # a slow candidate: fewer seeds, its own horizon
+        return candidate_seeds is not None and name not in BASELINES
+
     def reach(name: str) -> float:
-        return HORIZON if candidate_seeds is None or name in BASELINES else horizon
+        return horizon if shortened(name) else HORIZON
 
     with ProcessPoolExecutor(processes, initializer=_one_thread) as pool:
         baseline = list(
@@ -171,9 +174,7 @@ def compare(
         jobs = [
             (str(table_path), n, s, target, budget, reach(n) * budget, lookup, trials)
             for n in names
-            for s in seed_range(
-                seeds if candidate_seeds is None or n in BASELINES else min(seeds, candidate_seeds)
-            )
+            for s in seed_range(min(seeds, candidate_seeds or seeds) if shortened(n) else seeds)
         ]
         runs = list(pool.map(_one, jobs))
     by_name: dict[str, list[dict[str, Any]]] = {n: [r for r in runs if r["strategy"] == n] for n in names}

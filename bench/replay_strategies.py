@@ -114,7 +114,7 @@ def _acquisition(prior: bool, cost_aware: bool) -> SamplerWrapper:
         options = {**spec.study.sampler.options, "seed": spec.study.sampler.seed}
         if spec.study.max_concurrent > 1:
             options.setdefault("constant_liar", True)  # as hpo.search.build_sampler sets it
-        learned = TransferPrior.learn(_recorded(), without=table.task) if prior else None
+        learned = _prior_without(table.task) if prior else None
         tpe = AcquisitionTPE(
             spec.search_space, search.distributions(spec), prior=learned, cost_aware=cost_aware, **options
         )
@@ -313,6 +313,12 @@ def held_out_portfolio(table: Table, size: int = PORTFOLIO_SIZE) -> list[dict[st
     if not size:
         return []
     return [portfolio.params_for(table, e) for e in _learned_without(table.task, size)]
+
+
+@functools.cache
+def _prior_without(task: str) -> TransferPrior:
+    """Learned once per process and task, as the portfolio is."""
+    return TransferPrior.learn(_recorded(), without=task)
 
 
 @functools.cache
