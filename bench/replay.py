@@ -30,6 +30,7 @@ tables, the figures across tasks); this module runs the seeds and is the command
     python -m bench.replay                       # the plain run: 100 seeds, 64 trials, within 30 min
     python -m bench.replay --run pruners         # a named run, read by the plain run's summary
     python -m bench.replay --seeds 5 --strategies random default
+    python -m bench.replay --run gp --candidate-seeds 100 --horizon 1 --resume   # on from where it stopped
 """
 
 from __future__ import annotations
@@ -41,13 +42,15 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import threadpoolctl
 
+from bench.replay_journal import RunJournal
 from bench.replay_simulation import Replay, replay
 from bench.replay_statistics import median_interval, paired
 from bench.replay_strategies import (
@@ -125,9 +128,12 @@ def _one(args: tuple[str, str, int, float, float, float, str, int]) -> dict[str,
 
 
 def _one_thread() -> None:
-    """A GP sampler's torch would start a thread per core in every process: ``processes`` of
-    them already share the cores."""
+    """One thread per process: ``processes`` of them already share the cores. NumPy's BLAS was
+    started with a thread per core when the parent imported it (an environment variable set now
+    comes too late for it), so it is limited in place; torch, which a GP sampler imports later,
+    reads the variable. Two processes of two threads each on two cores tripled a GP seed's time."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    threadpoolctl.threadpool_limits(1)
 
 
 def clock_at_compute(run: Replay, compute: float) -> float:
@@ -150,12 +156,13 @@ def compare(
     processes: int,
     candidate_seeds: int | None = None,
     horizon: float = HORIZON,
+    journal: RunJournal | None = None,
 ) -> dict[str, Any]:
     """Every strategy of ``names`` on the same seeds, against random search's median best over
     them, each run until it reaches that or has spent ``HORIZON`` times random search's compute.
     With ``candidate_seeds``, all but random search and the default run on the first that many
     seeds only, and to ``horizon`` (a slow candidate; the target and the pairs are still those of
-    every seed)."""
+    every seed). With a ``journal``, each run is kept as it ends and those it holds are not run again."""
     table = Table.load(table_path)
     names = [n for n in names if n not in RESTARTED or table.short]
 
@@ -176,7 +183,7 @@ def compare(
             for n in names
             for s in seed_range(min(seeds, candidate_seeds or seeds) if shortened(n) else seeds)
         ]
-        runs = list(pool.map(_one, jobs))
+        runs = replay_all(pool, jobs, table.task, journal, reach)
     by_name: dict[str, list[dict[str, Any]]] = {n: [r for r in runs if r["strategy"] == n] for n in names}
     random_best = {r["seed"]: r["best_at_equal_compute"] for r in by_name.get("random", [])}
     shipped = {r["seed"]: r["compute_to_target"] for r in by_name.get("default", [])}
@@ -200,6 +207,31 @@ def compare(
         "strategies": strategies,
         "runs": runs,
     }
+
+
+def replay_all(
+    pool: ProcessPoolExecutor,
+    jobs: list[tuple[str, str, int, float, float, float, str, int]],
+    task: str,
+    journal: RunJournal | None,
+    reach: Callable[[str], float],
+) -> list[dict[str, Any]]:
+    """Every job's run, in the jobs' order: from the journal where it holds the run, else replayed
+    and written to it as soon as it ends (in whatever order the processes finish)."""
+    runs: list[dict[str, Any] | None] = [None] * len(jobs)
+    pending = {}
+    for index, job in enumerate(jobs):
+        _, name, seed, target, *_ = job
+        kept = journal.finished(task, name, seed, target, reach(name)) if journal else None
+        if kept is not None:
+            runs[index] = kept
+        else:
+            pending[pool.submit(_one, job)] = index
+    for future in as_completed(pending):
+        run = runs[pending[future]] = future.result()
+        if journal:
+            journal.record(task, jobs[pending[future]][3], reach(run["strategy"]), run)
+    return [run for run in runs if run is not None]
 
 
 def strategy_figures(
@@ -306,6 +338,9 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--horizon", type=float, default=HORIZON,
                         help="with --candidate-seeds: how far those strategies run without reaching the "
                              "target, in random search's compute (1: as far as the choice's figures read)")  # fmt: skip
+    parser.add_argument("--resume", action="store_true",
+                        help="go on from the runs the output JSON and its journal hold (a run stopped "
+                             "part way, or one given more --candidate-seeds): those are not replayed again")  # fmt: skip
     parser.add_argument("--trials", type=int, default=64, help="random search's trials (the baseline)")
     parser.add_argument("--lookup", choices=list(LOOKUPS), default="3-nearest+noise")
     parser.add_argument("--also-lookup", nargs="*", choices=list(LOOKUPS), default=[],
@@ -330,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         tables = recorded_tables()
     started = time.monotonic()
+    journal = RunJournal(out, args.resume, HORIZON)
     result: dict[str, Any] = {
         "lookup": args.lookup,
         "seeds": args.seeds,
@@ -350,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             args.processes,
             args.candidate_seeds,
             args.horizon,
+            journal,
         )
         print_table(result["tasks"][task])
         print()
@@ -364,9 +401,12 @@ def main(argv: list[str] | None = None) -> int:
     result["summary"] = summarize(result["tasks"])
     print_summary(result["summary"], list(result["tasks"]))
     result["seconds"] = round(time.monotonic() - started, 1)
+    result["resumed_runs"] = journal.reused  # finished before this process: its seconds leave them out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"replayed in {result['seconds']:.0f} s; {out}")
+    journal.close()
+    resumed = f" ({journal.reused} runs resumed, not replayed)" if journal.reused else ""
+    print(f"replayed in {result['seconds']:.0f} s{resumed}; {out}")
     return 0
 
 

@@ -143,9 +143,9 @@ SAMPLER_WRAPPERS: dict[str, SamplerWrapper] = {
 # bench/results/replay-NAME.json and committed), which the plain run's summary reads beside its
 # own figures: at 100 seeds the plain run keeps to 30 minutes. "pruners": the peers' stop rules
 # (Optuna's median and Hyperband, Ray Tune's ASHA), 4 to 10 times a TPE seed's time each (a
-# pruner reads every trial's curve at every report); "gp": a GP fit at every ask, 5 to 60 s
-# a seed to 64 trials (Optuna 5, which runs every torch call of it under a device mode; 30 to 300
-# times TPE's), run with --candidate-seeds and --horizon 1; "gp-ordered", the same on ordered
+# pruner reads every trial's curve at every report); "gp": a GP fit at every ask, 2 to 20 s
+# a seed to 64 trials (10 to 100 times TPE's), run with --candidate-seeds, --horizon 1 and,
+# across sessions, --resume; "gp-ordered", the same on ordered
 # choices; "smac" likewise; "ordered": the candidates of ordered numeric choices; "refine": of
 # local refinement; "acquisition": TPE with a transfer prior or cost term (bench/acquisition.py).
 NAMED_RUNS: dict[str, set[str]] = {
