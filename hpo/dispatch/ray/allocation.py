@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from submitit.core.utils import pickle_load
 
 from hpo import executors, record, search, study_record
-from hpo.budget import compute
+from hpo.budget import admission
 from hpo.dispatch import lease, site
 from hpo.dispatch.common import open_study, refuse_during_cancel, refuse_live_jobs_of_other_modes
 from hpo.dispatch.ray import driver
@@ -59,16 +59,28 @@ def _launch_on_slurm(
         log(f"the study's Ray job {job_id} is still running: following it")
     else:
         counted = record.started_count(study)
-        if counted >= spec.study.n_trials:
-            return study
-        spending = compute.measure(spec, study.get_trials(deepcopy=False), study_record.ray_jobs(study))
-        if spending is not None and not spending.allows_another:
-            log(f"compute budget reached: {spending.line()}: no Ray job submitted")
+        if counted >= spec.study.n_trials or _closed_before_submission(spec, study, log):
             return study
         job = _submit(spec, storage, objective, spec.study.n_trials - counted, probe, log)
         study_record.set_ray_job(study, str(job.job_id))
     _follow(spec, study, job, probe, log)
     return study
+
+
+def _closed_before_submission(spec: StudySpec, study: optuna.Study, log: Any) -> bool:
+    """Whether the launch's admission (``hpo.budget.admission``: the timeout, fail fast, the stop
+    rules, the compute budget) already ends the study, as the allocation's driver would find at its
+    first ask: then no allocation is queued for it to find that. The gate says why, and stores a
+    verdict as a launcher does."""
+    started = time.time()
+    deadline = None if spec.study.timeout_min is None else started + 60 * spec.study.timeout_min
+    gate = admission.Gate(
+        spec, study, started=started, deadline=deadline, log=log, ray_jobs=study_record.ray_jobs(study)
+    )
+    if not gate.ask([], 0).final:
+        return False
+    log("no Ray job submitted")
+    return True
 
 
 def allocation_spec(spec: StudySpec, remaining: int) -> tuple[StudySpec, int]:

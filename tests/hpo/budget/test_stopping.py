@@ -10,6 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from hpo import study_record
 from hpo.budget.stopping import patience_verdict
 from tests.hpo.helpers import REPO, run_hpo, stand_in_study, write_study
 
@@ -107,6 +108,25 @@ def test_a_patience_rule_ends_a_study_early_and_status_says_why(tmp_path: Path) 
     again = run_hpo("launch", *args)
     assert again.returncode == 0 and "submitted" not in again.stdout, again.stdout
     assert len(stored(tmp_path, "patience").get_trials()) == len(trials)
+
+
+def test_a_ray_relaunch_of_a_study_its_stop_rule_ended_queues_no_allocation(
+    tmp_path: Path, local_cluster: str
+) -> None:
+    # The Ray allocation is one Slurm job for the whole study: queued for a driver that would find
+    # the study ended at its first ask, it would hold its nodes for nothing.
+    args = stand_in_launch(
+        tmp_path, "ended", pruner={"name": "none"}, patience=3, min_improvement=0.5, min_trials=4
+    )
+    first = run_hpo("launch", *args)
+    assert first.returncode == 0 and "stop rule met after trial" in first.stdout, first.stdout + first.stderr
+    again = run_hpo("launch", *args, "--backend", "ray", "--executor", "slurm")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "stop rule met after trial" in again.stdout and "no Ray job submitted" in again.stdout, (
+        again.stdout
+    )
+    assert " submitted:" not in again.stdout
+    assert study_record.ray_job(stored(tmp_path, "ended")) is None
 
 
 def test_the_terminator_records_its_decision_and_ends_the_study_below_the_noise(tmp_path: Path) -> None:
