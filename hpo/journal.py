@@ -60,11 +60,12 @@ WRITABLE_HINT = "make it writable, or name another with --storage or study.stora
 
 
 def cannot_write(
-    path: str | Path, reason: str, hint: str = WRITABLE_HINT, where: str = ""
+    path: str | Path, reason: str, hint: str = WRITABLE_HINT, where: str = "", what: str = "journal"
 ) -> JournalWriteError:
-    """The one line for a journal that permissions keep the service from writing (exit 3): its file
-    or its folder (the lock is a symlink made beside it). ``where``: the study file and key."""
-    return JournalWriteError(f"{where}cannot write the study's journal {path}: {reason}", hint)
+    """The one line for a journal (or, ``what``, a SQLite database file) that permissions keep the
+    service from writing (exit 3): its file or its folder (the lock is a symlink made beside it).
+    ``where``: the study file and key."""
+    return JournalWriteError(f"{where}cannot write the study's {what} {path}: {reason}", hint)
 
 
 class SafeJournalBackend(JournalFileBackend):
@@ -277,14 +278,21 @@ def filesystem_type(path: Path) -> str:
     return kind
 
 
-def shared_filesystem_warning(path: Path) -> str | None:
-    """A warning for a journal that trials on several nodes would write over a shared filesystem."""
+def shared_filesystem_warning(path: Path, what: str = "journal") -> str | None:
+    """A warning for a journal (or, ``what``, a SQLite database file) that trials on several nodes
+    would write over a shared filesystem."""
     kind = filesystem_type(path.parent)
     if kind not in SHARED_FILESYSTEMS:
         return None
+    risk = (
+        "append to it through client caches that can lose or run together writes (the service "
+        "mends what it can read when it opens the journal)"
+        if what == "journal"
+        # SQLite's own documentation: its file locks are unreliable over network filesystems.
+        else "write it under file locks that network filesystems do not keep reliably, which can "
+        "corrupt the database"
+    )
     return (
-        f"study.storage: the journal {path} is on {kind}, a shared filesystem: trial jobs on several "
-        "nodes append to it through client caches that can lose or run together writes (the service "
-        "mends what it can read when it opens the journal); for trials on many nodes use PostgreSQL "
-        "(deploy/postgresql/README.md)"
+        f"study.storage: the {what} {path} is on {kind}, a shared filesystem: trial jobs on several "
+        f"nodes {risk}; for trials on many nodes use PostgreSQL (deploy/postgresql/README.md)"
     )

@@ -114,6 +114,26 @@ def journal_file(setting: str | None) -> Path | None:
     return None
 
 
+def storage_file(setting: str | None) -> tuple[Path, str] | None:
+    """The file a study's storage setting names and what it is (``journal``, ``database file``):
+    a journal's, or a SQLite database's (the path as written). The launcher checks it as it checks
+    a journal: writable with its folder (SQLite writes its rollback journal beside it), and not on
+    a shared filesystem. None for a database server or no setting."""
+    if (journal := journal_file(setting)) is not None:
+        return journal, "journal"
+    if setting and setting.startswith("sqlite:"):
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            database = make_url(setting).database
+        except ArgumentError:
+            return None  # not a URL: resolving the storage says so, naming the key
+        if database not in (None, "", ":memory:"):
+            return Path(database), "database file"
+    return None
+
+
 def default_storage(workdir: Path) -> StorageRef:
     """The embedded default: a journal file in the study's workdir."""
     return StorageRef("journal", str(workdir / DEFAULT_JOURNAL))
@@ -382,8 +402,12 @@ def _sqlalchemy_exc() -> types.ModuleType | None:
     return sys.modules.get("sqlalchemy.exc")
 
 
-# Connection errors that a restart does not cure (libpq's wording).
-_PERMANENT = ("does not exist", "authentication failed", "no password supplied", "permission denied")
+# Errors that a restart does not cure: libpq's wording, then SQLite's (a read-only file or folder,
+# a damaged file; "database is locked" is another writer's commit, and is waited out).
+_PERMANENT = (
+    "does not exist", "authentication failed", "no password supplied", "permission denied",
+    "readonly database", "unable to open database file", "malformed", "database or disk is full",
+)  # fmt: skip
 
 
 def driver_line(err: BaseException) -> str:

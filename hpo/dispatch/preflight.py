@@ -31,7 +31,7 @@ from hpo.errors import NotReadyError, StudyFileError, one_line, optional_extra
 from hpo.journal import cannot_write, shared_filesystem_warning
 from hpo.paths import why_not_creatable, why_not_writable, why_not_writable_file
 from hpo.slurm import limits
-from hpo.storage import default_storage, journal_file
+from hpo.storage import default_storage, storage_file
 from trainer.config import TrainConfig
 from trainer.errors import ConfigError
 from trainer.sources import check_data_available, dsdir_hint
@@ -69,9 +69,9 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
         )
     runs_on.check_ready(spec)
 
-    journal = journal_file(spec.study.storage)
-    if not runs_on.on_this_machine and journal is not None:
-        warning = shared_filesystem_warning(journal)
+    stored = storage_file(spec.study.storage)
+    if not runs_on.on_this_machine and stored is not None:
+        warning = shared_filesystem_warning(*stored)
         if warning is not None:
             spec.warnings.append(warning)
     if runs_on.site_limited:
@@ -115,13 +115,14 @@ def check_sampler_installed(spec: StudySpec) -> None:
 
 
 def check_folders(spec: StudySpec) -> None:
-    """The workdir and a journal (its file, and its folder, where its lock is made) must be
-    writable, or creatable, before anything is submitted; a dry run checks it too, creating
+    """The workdir and a journal or SQLite file (the file, and its folder, where its lock is made)
+    must be writable, or creatable, before anything is submitted; a dry run checks it too, creating
     nothing. A path that cannot be (under /proc, a file in the way) is bad input; one that a mode,
     a read-only mount or an immutable file refuses is this machine's state (exit 3)."""
 
     folders = [("study.workdir", spec.workdir)]
-    journal = journal_file(spec.study.storage)
+    stored = storage_file(spec.study.storage)
+    journal, what = stored if stored is not None else (None, "journal")
     mode: int | None = None
     if journal is not None:
         try:
@@ -129,7 +130,9 @@ def check_folders(spec: StudySpec) -> None:
         except (OSError, ValueError):
             mode = None  # not there yet (or not reachable: the folder's check says why)
         if mode is not None and not stat.S_ISREG(mode):
-            raise StudyFileError(f"{spec.source}: study.storage: {journal} is not a journal file")
+            raise StudyFileError(
+                f"{spec.source}: study.storage: {journal} is not a {what.removesuffix(' file')} file"
+            )
         if journal.parent != spec.workdir:
             folders.append(("study.storage", journal.parent))
     for key, folder in folders:
@@ -143,21 +146,21 @@ def check_folders(spec: StudySpec) -> None:
                     "make it writable, or name another with study.workdir (--set study.workdir=PATH)",
                 )
             assert journal is not None
-            raise _journal_refused(spec, journal, f"{where}: {reason}")
+            raise _journal_refused(spec, journal, f"{where}: {reason}", what)
         problem = why_not_creatable(folder)
         if problem is not None:
             raise StudyFileError(f"{spec.source}: {key}: cannot create {folder}: {problem}")
     if journal is not None and mode is not None:
         denial = why_not_writable_file(journal)
         if denial is not None:
-            raise _journal_refused(spec, journal, denial)
+            raise _journal_refused(spec, journal, denial, what)
 
 
-def _journal_refused(spec: StudySpec, journal: Path, reason: str) -> NotReadyError:
+def _journal_refused(spec: StudySpec, journal: Path, reason: str, what: str) -> NotReadyError:
     # The default journal lives in the workdir: another workdir moves it too.
     other = "study.workdir" if journal == default_storage(spec.workdir).journal_file else "study.storage"
     hint = f"make it writable, or name another with --storage or {other}"
-    return cannot_write(journal, reason, hint, where=f"{spec.source}: study.storage: ")
+    return cannot_write(journal, reason, hint, where=f"{spec.source}: study.storage: ", what=what)
 
 
 def check_ray_settings(spec: StudySpec) -> None:

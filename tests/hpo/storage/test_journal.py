@@ -181,6 +181,24 @@ def test_a_journals_filesystem_type_is_read_from_its_mount_and_tmpfs_is_not_warn
     assert {"nfs", "nfs4", "gpfs", "lustre"} <= set(SHARED_FILESYSTEMS)
 
 
+def test_a_journal_or_sqlite_file_on_a_shared_filesystem_is_warned_of_in_its_own_terms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import hpo.journal
+    from hpo.storage import storage_file
+
+    assert storage_file("journal:/shared/study.journal") == (Path("/shared/study.journal"), "journal")
+    assert storage_file("sqlite:////shared/optuna.db") == (Path("/shared/optuna.db"), "database file")
+    assert storage_file("sqlite:///:memory:") is None and storage_file("postgresql://hpo@db/hpo") is None
+    # No NFS server here: the mount table's answer is what is replaced, not the rule that reads it.
+    monkeypatch.setattr(hpo.journal, "filesystem_type", lambda path: "nfs4")
+    journal = hpo.journal.shared_filesystem_warning(Path("/shared/study.journal"))
+    database = hpo.journal.shared_filesystem_warning(Path("/shared/optuna.db"), "database file")
+    assert journal is not None and "the journal /shared/study.journal is on nfs4" in journal
+    assert database is not None and "the database file /shared/optuna.db is on nfs4" in database
+    assert "corrupt the database" in database and "use PostgreSQL" in database
+
+
 def test_a_trial_failed_on_a_full_disk_stops_the_launcher_rather_than_being_taken_as_told(
     small_filesystem: Path,
 ) -> None:

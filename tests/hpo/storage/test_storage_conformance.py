@@ -8,7 +8,8 @@ Optuna's cache of finished trials over ``RDBStorage``), the embedded journal Opt
 attributes, trials created with and without a template, parameters, state changes and what a
 finished trial refuses, intermediate values (NaN and infinities included), trials filtered by
 state, the best trial, trial numbers, ask and tell through ``optuna.Study``, a second handle's view,
-and several processes asking and telling at once on one study.
+several processes asking and telling at once on one study, and the launcher lock the service keeps
+in the storage (taken once, refused naming its holder, freed when its holder is killed).
 
 A kind is one class below: ``url`` gives its storage URL. The file kinds need nothing else and are
 marked fast; PostgreSQL is the local cluster's, a fresh database per test.
@@ -20,6 +21,9 @@ import math
 import multiprocessing
 import pickle
 import shutil
+import subprocess
+import sys
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -376,6 +380,50 @@ class Conformance:
         per_worker = [sum(t.user_attrs["worker"] == w for t in trials) for w in range(WORKERS)]
         assert per_worker == [self.trials_each] * WORKERS
 
+    def test_the_launcher_lock_is_one_holders_names_it_and_dies_with_it(self, url: str) -> None:
+        """The study's launcher lock (``StorageRef.launcher_lock``, held by ``hpo.dispatch.lease``):
+        taken once per study, refused to a second launcher with the holder's name, and free the
+        moment its holder is killed, with no one to release it."""
+        ref = resolve_url(url, "test")
+        first = ref.launcher_lock("study", "launcher 1 on node-a")
+        assert first.take() is None
+        second = ref.launcher_lock("study", "launcher 2 on node-b")
+        assert "launcher 1 on node-a" in (second.take() or ""), "a second launcher was let in"
+        other = ref.launcher_lock("another study", "launcher 3")
+        assert other.take() is None  # one lock per study
+        assert first.still_held()
+        first.release()
+        other.release()
+        assert second.take() is None
+        second.release()
+
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLD_THE_LOCK, url], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+            assert "doomed launcher" in (ref.launcher_lock("study", "launcher 4").take() or "")
+        finally:
+            holder.kill()  # SIGKILL: no release, no atexit
+            holder.wait(timeout=30)
+        after = ref.launcher_lock("study", "launcher 5")
+        # The server learns of the holder's end from its closed socket; a file lock at once.
+        deadline = time.monotonic() + 30
+        while (refused := after.take()) is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert refused is None, f"the killed holder's lock was not freed: {refused}"
+        after.release()
+
+
+HOLD_THE_LOCK = """
+import sys, time
+from hpo.storage import resolve_url
+lock = resolve_url(sys.argv[1], "test").launcher_lock("study", "doomed launcher")
+assert lock.take() is None
+print("held", flush=True)
+time.sleep(600)
+"""
+
 
 @pytest.mark.fast
 class TestJournal(Conformance):
@@ -388,6 +436,14 @@ class TestJournal(Conformance):
         return f"journal:{tmp_path / 'workdir' / 'optuna.journal'}"
 
 
+@pytest.fixture(scope="module")
+def empty_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database file with Optuna's schema, made once: a copy per test costs nothing."""
+    path = tmp_path_factory.mktemp("sqlite") / "empty.db"
+    _open(f"sqlite:///{path}", create=True).remove_session()
+    return path
+
+
 @pytest.mark.fast
 class TestSQLite(Conformance):
     """A database file: the outage policy's wrapper over RDBStorage, without a server."""
@@ -395,16 +451,9 @@ class TestSQLite(Conformance):
     wrapped = True
     trials_each = 5  # each of SQLite's commits waits for the disk: the fast layer stays fast
 
-    @pytest.fixture(scope="class")
-    def empty(self, tmp_path_factory: pytest.TempPathFactory) -> Path:
-        """A database file with Optuna's schema, made once: a copy per test costs nothing."""
-        path = tmp_path_factory.mktemp("sqlite") / "empty.db"
-        _open(f"sqlite:///{path}", create=True).remove_session()
-        return path
-
     @pytest.fixture
-    def url(self, tmp_path: Path, empty: Path) -> str:
-        shutil.copyfile(empty, tmp_path / "optuna.db")
+    def url(self, tmp_path: Path, empty_sqlite: Path) -> str:
+        shutil.copyfile(empty_sqlite, tmp_path / "optuna.db")
         return f"sqlite:///{tmp_path / 'optuna.db'}"
 
 

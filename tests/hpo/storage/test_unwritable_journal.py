@@ -140,3 +140,56 @@ def test_a_journal_made_read_only_under_a_running_study_is_the_same_line(
         f"cannot write the study's journal {journal}: read-only file system "
         "(hint: make it writable, or name another with --storage or study.storage)"
     )
+
+
+def test_a_read_only_sqlite_file_or_folder_is_one_line_and_exit_3(
+    tmp_path: Path, read_only_folder: Path
+) -> None:
+    """SQLite gets the journal's check: before it, a read-only file was taken for an outage and
+    waited on for the policy's 10 minutes, and a read-only folder was "start the database server"."""
+    database = read_only_folder / "optuna.db"
+    study_file = _study(tmp_path, tmp_path / "work", storage=f"sqlite:///{database}")
+    line = _refused(study_file)
+    assert f"study.storage: cannot write the study's database file {database}: " in line, line
+    assert f"{read_only_folder}: read-only file system" in line, line
+    assert not (tmp_path / "work").exists()  # nothing created, nothing submitted
+
+    database = tmp_path / "optuna.db"
+    study_file = _study(tmp_path, tmp_path / "work", storage=f"sqlite:///{database}")
+    assert run_hpo("launch", str(study_file), timeout=300).returncode == 0
+    before = database.read_bytes()
+    subprocess.run(["mount", "--bind", str(database), str(database)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(database)], check=True)
+        line = _refused(study_file, "--set", "study.n_trials=2")
+    finally:
+        subprocess.run(["umount", "-l", str(database)], check=False)
+    assert f"cannot write the study's database file {database}: read-only file system" in line, line
+    assert database.read_bytes() == before  # nothing asked or told
+    fault_line("a SQLite file read-only, or its folder", f"exit 3, nothing asked: {line}", 0, None)
+
+
+def test_a_sqlite_file_refusing_writes_is_not_waited_on_as_an_outage(tmp_path: Path) -> None:
+    """Past the launcher's check (a trial process; a file made read-only mid-study): SQLite's
+    "readonly database" is final at once, where "database is locked" (another writer) is waited out."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import OperationalError
+
+    from hpo.storage import is_transient
+
+    database = tmp_path / "optuna.db"
+    writer = create_engine(f"sqlite:///{database}")
+    with writer.begin() as connection:
+        connection.execute(text("CREATE TABLE t (x INTEGER)"))
+    read_only = create_engine(f"sqlite:///file:{database}?mode=ro&uri=true")
+    with read_only.connect() as connection, pytest.raises(OperationalError) as refused:
+        connection.execute(text("INSERT INTO t VALUES (1)"))
+    assert "readonly database" in str(refused.value) and not is_transient(refused.value)
+
+    impatient = create_engine(f"sqlite:///{database}", connect_args={"timeout": 0})
+    with writer.connect() as holder, impatient.connect() as other:
+        holder.execute(text("BEGIN IMMEDIATE"))
+        with pytest.raises(OperationalError) as locked:
+            other.execute(text("INSERT INTO t VALUES (2)"))
+        holder.rollback()
+    assert "database is locked" in str(locked.value) and is_transient(locked.value)
