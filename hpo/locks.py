@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hpo.paths import private_dir
+from hpo.rdb import connect_args
 
 if TYPE_CHECKING:
     import sqlalchemy  # imported where a database lock connects: a journal study needs none
@@ -73,7 +74,7 @@ class _SessionLock:
         self.url = url
         self.key = key
         self.holder = holder
-        self.connect_args: dict[str, Any] = {}
+        self.connect_args = connect_args(url)
         self._connection: sqlalchemy.Connection | None = None
         self._engine: sqlalchemy.Engine | None = None
 
@@ -136,7 +137,7 @@ class AdvisoryLock(_SessionLock):
         super().__init__(url, key, holder)
         # The holder's name, for the process that is refused (pg_stat_activity), and the lock's
         # connection timeout.
-        self.connect_args = {"application_name": holder[:63], "connect_timeout": 10}
+        self.connect_args["application_name"] = holder[:63]
 
     def _number(self) -> int:
         # PostgreSQL's advisory locks take a signed 64-bit key.
@@ -167,11 +168,43 @@ class AdvisoryLock(_SessionLock):
 
 
 class NamedLock(_SessionLock):
-    """MySQL's ``GET_LOCK`` (names of at most 64 characters)."""
+    """MySQL's (and MariaDB's) ``GET_LOCK``. MySQL keeps no name of a session that another session
+    can read (PostgreSQL's ``application_name``), so the holder writes its own name into a table of
+    the database once it has the lock, and a refused launcher reads it there: a row left by a
+    holder that died is overwritten by the next one to take the lock."""
+
+    TABLE = "hpo_launcher_locks"
+
+    @property
+    def _name(self) -> str:
+        # GET_LOCK takes names of at most 64 characters: a long study name keeps its own lock.
+        if len(self.key) <= 64:
+            return self.key
+        return f"{self.key[:51]}~{hashlib.sha256(self.key.encode()).hexdigest()[:12]}"
 
     def _try(self, connection: sqlalchemy.Connection) -> bool:
-        return bool(connection.exec_driver_sql("SELECT GET_LOCK(%s, 0)", (self.key[:64],)).scalar())
+        if not connection.exec_driver_sql("SELECT GET_LOCK(%s, 0)", (self._name,)).scalar():
+            return False
+        connection.exec_driver_sql(
+            f"CREATE TABLE IF NOT EXISTS {self.TABLE} (name VARCHAR(64) PRIMARY KEY, holder VARCHAR(255) NOT NULL)"
+        )
+        since = time.strftime("%Y-%m-%d %H:%M:%S")
+        connection.exec_driver_sql(
+            f"REPLACE INTO {self.TABLE} (name, holder) VALUES (%s, %s)",
+            (self._name, f"{self.holder[:200]}, since {since}"),
+        )
+        return True
 
     def _holder(self, connection: sqlalchemy.Connection) -> str:
-        holder = connection.exec_driver_sql("SELECT IS_USED_LOCK(%s)", (self.key[:64],)).scalar()
-        return f"the launcher on database connection {holder}"
+        from sqlalchemy.exc import DBAPIError
+
+        try:
+            row = connection.exec_driver_sql(
+                f"SELECT holder FROM {self.TABLE} WHERE name = %s", (self._name,)
+            ).first()
+        except DBAPIError:  # no table yet: the holder took the lock a moment ago
+            row = None
+        if row is not None:
+            return str(row[0])
+        connection_id = connection.exec_driver_sql("SELECT IS_USED_LOCK(%s)", (self._name,)).scalar()
+        return f"the launcher on database connection {connection_id}"

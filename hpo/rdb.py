@@ -6,9 +6,25 @@ only a database URL's open calls :func:`rdb_storage_class`.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import optuna
+
+CONNECT_TIMEOUT_S = 10
+"""How long a connection waits on a database host that does not answer."""
+
+
+def connect_args(url: str) -> dict[str, Any]:
+    """The driver's connection arguments for a database URL (without its password, which
+    ``hpo.storage`` moved out of it): a bounded wait on a dead host, and, for MySQL, the password
+    from ``MYSQL_PWD``, which libpq-like clients read themselves but PyMySQL does not."""
+    if url.startswith("postgresql"):
+        return {"connect_timeout": CONNECT_TIMEOUT_S}
+    if url.startswith("mysql"):
+        password = os.environ.get("MYSQL_PWD")
+        return {"connect_timeout": CONNECT_TIMEOUT_S, **({"password": password} if password else {})}
+    return {}
 
 
 def rdb_storage_class() -> type[optuna.storages.RDBStorage]:

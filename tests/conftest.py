@@ -167,7 +167,9 @@ def _one_ray_test_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
 # or one test by its decorator): no cluster, no database, no training, in under a minute with the
 # cluster stopped. A mark travels with its module when the file is renamed or moved. A fast test that
 # asks for the cluster or the database (itself or through another fixture) stops the collection.
-CLUSTER_FIXTURES = frozenset({"local_cluster", "fresh_database", "empty_database", "fault_cluster"})
+CLUSTER_FIXTURES = frozenset(
+    {"local_cluster", "fresh_database", "empty_database", "fresh_mysql_database", "fault_cluster"}
+)
 
 
 def fast_tests_on_the_cluster(items: list[pytest.Item]) -> list[str]:

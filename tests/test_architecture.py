@@ -500,7 +500,14 @@ def test_the_fast_layer_requests_no_cluster() -> None:
 STORAGE_KIND_MARKS = re.compile(
     r"JOURNAL_PREFIX|[\"']journal:|[\"'](postgresql|sqlite|mysql)|JournalStorage|RDBStorage"
 )
-STORAGE_KIND_OWNERS = ("hpo/storage.py", "hpo/rdb.py", "hpo/journal.py", "hpo/locks.py", "hpo/config/")
+STORAGE_KIND_OWNERS = (
+    "hpo/storage.py",
+    "hpo/outages.py",
+    "hpo/rdb.py",
+    "hpo/journal.py",
+    "hpo/locks.py",
+    "hpo/config/",
+)
 
 
 def test_only_the_storage_modules_tell_the_storage_kinds_apart() -> None:

@@ -17,6 +17,12 @@ PG_URL="postgresql://${PG_ROLE}@127.0.0.1:${PG_PORT}/${PG_DB}"
 PG_PASSFILE=/etc/hpo/local-cluster.pgpass
 PG_PASSLINE_PREFIX="127.0.0.1:${PG_PORT}:*:${PG_ROLE}:"
 
+# MariaDB (slurmdbd's store) also serves the service's MySQL storage for the tests: the hpo user
+# may create databases named hpo_*, one per test. Its password, generated once, root-only.
+MYSQL_PORT=3306
+MYSQL_USER=hpo
+MYSQL_PASSFILE=/etc/hpo/local-cluster.mysql
+
 SLURM_RUN=/run/slurm
 SLURM_LOG=/var/log/slurm
 SLURMCTLD_PID=$SLURM_RUN/slurmctld.pid

@@ -115,6 +115,17 @@ ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$dbd_pass';
 GRANT ALL PRIVILEGES ON slurm_acct_db.* TO 'slurm'@'localhost';
 SQL
 
+# The service's MySQL storage, for the storage tests: user hpo over TCP, databases hpo_*.
+install -d -m 700 "$(dirname "$MYSQL_PASSFILE")"
+mysql_pass=$(cat "$MYSQL_PASSFILE" 2>/dev/null) || true
+[[ $mysql_pass =~ ^[0-9a-f]{32}$ ]] || mysql_pass=$(openssl rand -hex 16)
+update_file "$MYSQL_PASSFILE" "$mysql_pass" 600 || true
+mariadb --protocol=socket -u root <<SQL
+CREATE USER IF NOT EXISTS '$MYSQL_USER'@'127.0.0.1' IDENTIFIED BY '$mysql_pass';
+ALTER USER '$MYSQL_USER'@'127.0.0.1' IDENTIFIED BY '$mysql_pass';
+GRANT ALL PRIVILEGES ON \`hpo\_%\`.* TO '$MYSQL_USER'@'127.0.0.1';
+SQL
+
 # ---- 5. Slurm configuration ------------------------------------------------------------------
 # Each emulated node claims 8000 MB, or all of this host's memory if it has less.
 mem_mb=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 
 from hpo.errors import LaunchError, NotReadyError
 from hpo.locks import Lock
-from hpo.storage import OUTAGE_TOLERANCE_S, StorageRef, mask, with_retries
+from hpo.outages import OUTAGE_TOLERANCE_S, with_retries
+from hpo.storage import StorageRef, mask
 
 
 def holder_description() -> str:

@@ -25,8 +25,9 @@ import optuna
 from hpo import launch_history, record
 from hpo.dispatch.lease import Lease
 from hpo.errors import LaunchError, NotReadyError, StudyFileError
+from hpo.outages import driver_line
 from hpo.slurm import accounting, executors
-from hpo.storage import StorageRef, driver_line, mask, open_storage
+from hpo.storage import StorageRef, mask, open_storage
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec

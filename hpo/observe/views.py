@@ -21,9 +21,10 @@ from hpo.budget import stopping
 from hpo.budget.cost import StudyCost, study_cost
 from hpo.config.user_code import placeholders, render
 from hpo.errors import LaunchError, NotReadyError, StudyFileError
+from hpo.outages import DatabaseUnreachable, driver_line, is_transient
 from hpo.record import ATTR_PBT_FINAL_PARAMS, ATTR_PBT_SCHEDULE, ATTR_RETRY_OF
 from hpo.slurm import accounting
-from hpo.storage import DatabaseUnreachable, StorageRef, driver_line, is_transient, mask, open_storage
+from hpo.storage import StorageRef, mask, open_storage
 from hpo.trial import client
 from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig
 from trainer.errors import ConfigError

@@ -24,7 +24,8 @@ import submitit
 
 from hpo import executors, failures, joblog, record, search
 from hpo.errors import one_line
-from hpo.storage import StorageRef, open_storage, with_retries
+from hpo.outages import with_retries
+from hpo.storage import StorageRef, open_storage
 from hpo.trial import packing, retries
 from hpo.trial.command_objective import CommandObjective
 from hpo.trial.objective import FunctionObjective, Objective, ObjectiveFailed, TrainerObjective, TrialDiverged

@@ -15,7 +15,8 @@ from submitit.core.utils import UncompletedJobError
 
 from hpo import executors, joblog, record, search
 from hpo.budget import admission, compute
-from hpo.storage import StorageRef, open_storage, with_retries
+from hpo.outages import with_retries
+from hpo.storage import StorageRef, open_storage
 from hpo.trial import packing, retries
 from hpo.trial.objective import Objective, TrainerObjective
 from hpo.trial.task import run_attached

@@ -107,6 +107,29 @@ def empty_database(local_cluster: str) -> Iterator[str]:
     yield from _new_database(local_cluster.rsplit("/", 1)[0])
 
 
+MYSQL_PASSFILE = Path("/etc/hpo/local-cluster.mysql")
+"""The local cluster's MariaDB password of user hpo (deploy/local-cluster/up.sh), root-only."""
+
+
+@pytest.fixture
+def fresh_mysql_database(local_cluster: str) -> Iterator[str]:
+    """A new, empty database on the local cluster's MariaDB (slurmdbd's server), dropped afterwards.
+    Its URL carries the password, as a user's may: the service moves it to ``MYSQL_PWD``."""
+    import pymysql
+
+    password = MYSQL_PASSFILE.read_text().strip()
+    name = f"hpo_test_{uuid.uuid4().hex[:12]}"
+    admin = pymysql.connect(host="127.0.0.1", port=3306, user="hpo", password=password, autocommit=True)
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute(f"CREATE DATABASE {name}")
+        yield f"mysql://hpo:{password}@127.0.0.1:3306/{name}"
+        with admin.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS {name}")
+    finally:
+        admin.close()
+
+
 FAULTS_CONF = "/etc/slurm-faults/slurm.conf"
 FAULTS_RUN = Path("/run/slurm-faults")
 """The fault cluster's configuration and pid files (deploy/local-cluster/faults.sh)."""

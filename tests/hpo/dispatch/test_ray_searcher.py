@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from hpo import storage
+from hpo import outages
 from hpo.budget import admission
 from hpo.dispatch.ray.optuna_search import _Gate
 
@@ -38,9 +38,8 @@ def test_the_searchers_database_storage_pickles_after_ray_replaced_print(
 ) -> None:
     # Seen on the local cluster: two Ray studies at once, one Ray job FAILED at Tune's experiment
     # checkpoint, which pickles the searcher's study and its storage (its log, the builtin print).
-    tolerant = storage.OutageTolerantStorage(
-        optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    )
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    tolerant = outages.OutageTolerantStorage(optuna.storages.RDBStorage(url), where=url)
     assert tolerant.log is builtins.print
     monkeypatch.setattr(builtins, "print", lambda *args, **kwargs: None)
     restored = pickle.loads(pickle.dumps(tolerant))

@@ -321,7 +321,7 @@ def test_a_database_outage_at_any_moment_of_a_study_loses_and_doubles_nothing(
 
 def test_only_an_unreachable_database_is_waited_for(local_cluster: str) -> None:
     """A server that is down is waited for; one that answers "no such database" is not."""
-    from hpo.storage import DatabaseUnreachable, is_transient, with_retries
+    from hpo.outages import DatabaseUnreachable, is_transient, with_retries
 
     def error_of(url: str) -> BaseException:
         engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 5})

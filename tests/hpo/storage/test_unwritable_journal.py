@@ -175,7 +175,7 @@ def test_a_sqlite_file_refusing_writes_is_not_waited_on_as_an_outage(tmp_path: P
     from sqlalchemy import create_engine, text
     from sqlalchemy.exc import OperationalError
 
-    from hpo.storage import is_transient
+    from hpo.outages import is_transient
 
     database = tmp_path / "optuna.db"
     writer = create_engine(f"sqlite:///{database}")
