@@ -69,10 +69,11 @@ def _sqlalchemy_exc() -> types.ModuleType | None:
     return sys.modules.get("sqlalchemy.exc")
 
 
-# Errors that a restart does not cure: libpq's wording, then SQLite's (a read-only file or folder,
-# a damaged file; "database is locked" is another writer's commit, and is waited out).
+# Errors that a restart does not cure: libpq's wording, then MySQL's, then SQLite's (a read-only
+# file or folder, a damaged file; "database is locked" is another writer's commit, and is waited out).
 _PERMANENT = (
     "does not exist", "authentication failed", "no password supplied", "permission denied",
+    "access denied", "unknown database",
     "readonly database", "unable to open database file", "malformed", "database or disk is full",
 )  # fmt: skip
 

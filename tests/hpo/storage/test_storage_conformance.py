@@ -487,3 +487,25 @@ class TestMySQL(Conformance):
     @pytest.fixture
     def url(self, fresh_mysql_database: str) -> str:
         return fresh_mysql_database
+
+    def test_a_refusal_is_final_where_a_server_away_is_waited_out(
+        self, url: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """MySQL's own refusals (a wrong password, no such database) are not outages."""
+        from sqlalchemy.engine import make_url
+
+        from hpo.outages import is_transient
+
+        monkeypatch.delenv("MYSQL_PWD", raising=False)  # each URL below moves its password there
+
+        def error_of(other: str) -> BaseException:
+            with pytest.raises(Exception) as refused:
+                _open(other, create=False)
+            return refused.value
+
+        parsed = make_url(url)
+        assert not is_transient(error_of(parsed.set(password="wrong").render_as_string(hide_password=False)))
+        assert not is_transient(
+            error_of(parsed.set(database="hpo_none").render_as_string(hide_password=False))
+        )
+        assert is_transient(error_of(parsed.set(port=1).render_as_string(hide_password=False)))
