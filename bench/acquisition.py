@@ -34,6 +34,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 from scipy.stats import spearmanr
 
+from bench.portfolio import entry_of, finals
 from hpo import record
 from hpo.portfolio import Entry, position, roles, value_at
 
@@ -65,8 +66,6 @@ class TransferPrior:
 
     @classmethod
     def learn(cls, tables: Sequence[Table], without: str) -> TransferPrior:
-        from bench.portfolio import entry_of, finals
-
         tasks = []
         for table in (t for t in tables if t.task != without):
             values = finals(table)

@@ -23,6 +23,7 @@ import optuna
 import sqlalchemy
 
 from bench import scheduler_load
+from bench.dispatch_study import study_file
 from hpo import record
 from hpo.config import load_study
 from hpo.dispatch.backends import LaunchOptions, launch
@@ -78,7 +79,6 @@ def _sacct_jobs(name: str) -> list[str]:
 def run_wide(
     mode: str, storage_url: str | None, folder: Path, n: int, k: int, seconds: float
 ) -> dict[str, Any]:
-    from bench.dispatch import study_file
 
     kind = "postgresql" if storage_url else "journal"
     name = f"bench-wide-{mode}-{kind}-{uuid.uuid4().hex[:6]}"

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hpo import portfolio as hpo_portfolio
+from hpo.config.study_section import DEFAULT_PORTFOLIO
 from hpo.portfolio import Entry, position, roles
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,13 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    from bench.replay_strategies import PORTFOLIO_SIZE
     from bench.replay_table import Table, recorded_tables
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--size", type=int, default=PORTFOLIO_SIZE)
+    parser.add_argument("--size", type=int, default=DEFAULT_PORTFOLIO)
     parser.add_argument(
         "--write", action="store_true", help=f"write {hpo_portfolio.SHIPPED.relative_to(REPO)}"
     )

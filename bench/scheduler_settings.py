@@ -270,6 +270,7 @@ def measure(modes: list[str], storage_url: str, out: Path) -> int:
     """``bench.dispatch --quick`` without its up.sh (see the module's docstring): each mode's
     ``run_mode`` on the cluster of ``SLURM_CONF``, the same JSON document as its ``--json``."""
     from bench import dispatch
+    from bench.dispatch_study import result_line
 
     assert os.environ.get("SLURM_CONF") == str(FAULTS_CONF), "run by the parent, SLURM_CONF set"
     results = []
@@ -277,7 +278,7 @@ def measure(modes: list[str], storage_url: str, out: Path) -> int:
         for mode in modes:
             result = dispatch.run_mode(mode, Path(tmp), storage_url, N_TRIALS, CONCURRENCY, SECONDS)
             results.append(result)
-            print(dispatch._result_line(mode, result), flush=True)
+            print(result_line(mode, result), flush=True)
     document = {"n": N_TRIALS, "k": CONCURRENCY, "t": SECONDS, "results": results, "wide": []}
     out.write_text(json.dumps(document, indent=2) + "\n")
     return 0
