@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from hpo import record, storage
+from hpo import record, storage, tally
 from hpo.config import load_study
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,7 +161,7 @@ def _completed(study: Any) -> list[Any]:
 
 
 def _row(trial: Any, metric: str) -> dict[str, Any]:
-    curve = record.curve(trial)
+    curve = tally.curve(trial)
     asked = datetime.fromisoformat(trial.user_attrs[record.ATTR_ASKED_AT])
     finished = datetime.fromisoformat(trial.user_attrs[record.ATTR_FINISHED_AT])
     if record.ATTR_EPOCH_SECONDS in trial.user_attrs:  # the built-in trainer's own measurements

@@ -150,16 +150,14 @@ def _trials(document: dict[str, Any]) -> list[dict[str, Any]]:
     import optuna
     from optuna.storages.journal import JournalFileBackend
 
-    from hpo import record
+    from hpo import tally
 
     path = Path(document["study"]["workdir"]) / "optuna.journal"
     if not path.exists():
         return []
     storage = optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     study = optuna.load_study(study_name=document["study"]["name"], storage=storage)
-    return [
-        {"state": t.state.name, "ran": record.ran_and_failed(t)} for t in study.get_trials(deepcopy=False)
-    ]
+    return [{"state": t.state.name, "ran": tally.ran_and_failed(t)} for t in study.get_trials(deepcopy=False)]
 
 
 def cells(mistakes: list[str], modes: list[str], seeds: list[int]) -> Iterator[tuple[str, str, bool, int]]:

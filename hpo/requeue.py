@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import optuna
 
-from hpo import failures, record, study_record
+from hpo import failures, record, study_record, tally
 
 
 def queue_retries(study: optuna.Study, max_retries: int) -> list[int]:
@@ -18,7 +18,7 @@ def queue_retries(study: optuna.Study, max_retries: int) -> list[int]:
 
     trials = study.get_trials(deepcopy=False)
     _close_hopeless_retries(study, trials)
-    already = record.retried_numbers(trials)
+    already = tally.retried_numbers(trials)
     cancelled_at = study_record.cancel_requested_at(study)
     retried = []
     for trial in trials:

@@ -20,7 +20,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from hpo import record, study_record
+from hpo import study_record, tally
 from hpo.config import RAY_ONLY_PRUNERS
 from hpo.errors import StudyFileError, one_line, optional_extra
 from hpo.ordered_choices import OrderedChoices
@@ -333,7 +333,7 @@ def load(spec: StudySpec, storage: BaseStorage, *, create: bool) -> optuna.Study
 def with_own_startup(spec: StudySpec, study: optuna.Study) -> optuna.Study:
     """The study's pruner with its start-up counting this study's own trials (see build_pruner)."""
     if spec.study.pruner.name in ("median", "percentile"):
-        imported = record.imported_count(study)
+        imported = tally.imported_count(study)
         if imported:
             study.pruner = build_pruner(spec.study.pruner, spec.source, imported)
     return study
@@ -415,7 +415,7 @@ def check_definition(study: optuna.Study, spec: StudySpec, *, allow_space_change
         return True  # a new study, or one stored before definitions were: nothing to compare
     check_metric(study, spec)
     # A trainer setting the stored study predates reads as its default (what its trials ran with).
-    if not any(t.values or t.intermediate_values for t in record.own_trials(study)):
+    if not any(t.values or t.intermediate_values for t in tally.own_trials(study)):
         # No trial measured anything yet (its first trials failed: a fixed command, a pattern that
         # now matches): there is nothing the new trials would be compared with.
         return stored != current

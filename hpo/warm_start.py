@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import record, search, study_record
+from hpo import record, search, study_record, tally
 from hpo.errors import StudyFileError
 from hpo.storage import StorageRef, mask, open_storage, resolve_storage
 from trainer.config import TrainConfig
@@ -110,10 +110,10 @@ def apply(spec: StudySpec, study: optuna.Study, planned: Plan, log: Any = print)
         log(
             f"warm start: imported {len(trials)} completed trials of study {name!r} (not counted in the budget)"
         )
-    room = spec.study.n_trials - record.started_count(study)
+    room = spec.study.n_trials - tally.started_count(study)
     if planned.enqueue and room > 0:
         # Not Optuna's skip_if_exists: it would match the imported copies of these very trials.
-        ran = [t.params for t in record.own_trials(study)] + [
+        ran = [t.params for t in tally.own_trials(study)] + [
             t.system_attrs.get("fixed_params", {})
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
         ]
@@ -158,7 +158,7 @@ def _translate(spec: StudySpec, source: optuna.Study) -> tuple[list[optuna.trial
     dropped: list[str] = []
     unknown: set[str] = set()
     for trial in source.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        if not trial.values or trial.user_attrs.get(record.ATTR_INFEASIBLE) or not record.is_own(trial):
+        if not trial.values or trial.user_attrs.get(record.ATTR_INFEASIBLE) or not tally.is_own(trial):
             continue
         params = {k: v for k, v in trial.params.items() if k in space}
         unknown.update(k for k in trial.params if k not in space)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from hpo import record, study_record
+from hpo import record, study_record, tally
 from hpo.budget.cost import study_cost
 from hpo.slurm import accounting
 
@@ -83,7 +83,7 @@ def measure(
         return None
     if ray_jobs:
         return _ray_allocation(spec, trials, ray_jobs)
-    own = [t for t in trials if record.is_own(t) and t.state.name != "WAITING"]
+    own = [t for t in trials if tally.is_own(t) and t.state.name != "WAITING"]
     cost = study_cost(spec, own)
     finished = [
         cost.of(cost.per_trial[t.number])
@@ -151,7 +151,7 @@ def _ray_allocation(
         assert estimate is not None  # the study has a budget
         return estimate
     spent = sum(u.gpu_hours if spec.resources.gpus_per_node else u.cpu_hours for u in usage)
-    own = [t for t in trials if record.is_own(t)]
+    own = [t for t in trials if tally.is_own(t)]
     finished = sum(1 for t in own if t.state.is_finished())
     running = sum(1 for t in own if t.state.name == "RUNNING")
     per_trial = spent / finished if finished else time_limit_cost(spec)

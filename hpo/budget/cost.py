@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from hpo import executors, record
+from hpo import executors, record, tally
 from hpo.slurm.accounting import Usage, trial_estimate, trial_seconds
 from trainer.errors import ConfigError
 
@@ -76,7 +76,7 @@ def study_cost(spec: StudySpec, trials: Sequence[optuna.trial.FrozenTrial]) -> S
     shares = packed_shares(trials)
     per_trial: dict[int, Usage] = {}
     for trial in trials:
-        if trial.state.name == "WAITING" or not record.is_own(trial):
+        if trial.state.name == "WAITING" or not tally.is_own(trial):
             continue
         if trial.number not in measured:
             per_trial[trial.number] = trial_estimate(spec, trial)
@@ -103,12 +103,12 @@ def study_cost(spec: StudySpec, trials: Sequence[optuna.trial.FrozenTrial]) -> S
 
 
 def packed_shares(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[int, float]:
-    """Each packed trial's share of its job (``record.packs``): its running time over that of
+    """Each packed trial's share of its job (``tally.packs``): its running time over that of
     every trial the job held (a trial still running: its time so far; equal shares while none has
     run). Trials alone in their job are not listed."""
     by_number = {t.number: t for t in trials}
     shares: dict[int, float] = {}
-    for numbers in record.packs(trials).values():
+    for numbers in tally.packs(trials).values():
         if len(numbers) < 2:
             continue
         seconds = {n: trial_seconds(by_number[n]) for n in numbers}

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from hpo import failures, record, study_record
+from hpo import failures, record, study_record, tally
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -60,7 +60,7 @@ class Verdict:
 def check(ended: Sequence[optuna.trial.FrozenTrial], study: optuna.Study | None = None) -> Verdict | None:
     """The verdict on the trials a launch saw end (in order), or None to go on. With ``study``,
     a study that has ever had a success (an earlier launch's included) is never stopped."""
-    if study is not None and any(_succeeded(t) for t in record.own_trials(study)):
+    if study is not None and any(_succeeded(t) for t in tally.own_trials(study)):
         return None
     groups: dict[str, list[optuna.trial.FrozenTrial]] = {}
     for trial in ended:
@@ -92,11 +92,11 @@ def _decided_by_two(failure: failures.Failure) -> bool:
 def _failure(trial: optuna.trial.FrozenTrial) -> failures.Failure | None:
     """How the trial failed, where the set-up may be the cause; None where it is not (diverged,
     cancelled, closed unrun, or it reported before it failed: the set-up worked for it)."""
-    if record.curve(trial):
+    if tally.curve(trial):
         return None
     if trial.state == optuna.trial.TrialState.COMPLETE and trial.user_attrs.get(record.ATTR_INFEASIBLE):
         return failures.Failure(failures.OUT_OF_MEMORY, "out of memory")
-    if trial.state != optuna.trial.TrialState.FAIL or not record.ran_and_failed(trial):
+    if trial.state != optuna.trial.TrialState.FAIL or not tally.ran_and_failed(trial):
         return None
     return failures.classify(str(trial.user_attrs.get(record.ATTR_FAIL_REASON, "")))
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import record, search, study_record
+from hpo import record, search, study_record, tally
 from hpo.budget.cost import study_cost
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def finished_in_order(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """This study's complete and pruned trials, in the order they ended."""
     ended = [
         t
-        for t in record.counted_trials(study)
+        for t in tally.counted_trials(study)
         if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
         and t.datetime_complete is not None
     ]
@@ -73,7 +73,7 @@ def patience_verdict(
         return None
     return (
         f"no improvement larger than {min_improvement:g} in the last {patience} finished trials "
-        f"(best {record.format_value(sign * best_before)})"
+        f"(best {tally.format_value(sign * best_before)})"
     )
 
 
@@ -195,7 +195,7 @@ def saving(study: optuna.Study, spec: StudySpec) -> str:
     trials cost on average (an estimate: their own elapsed time, or sacct's for Slurm jobs)."""
     from hpo.slurm import accounting  # sacct: only once a rule ends the study
 
-    counted = record.counted_trials(study)
+    counted = tally.counted_trials(study)
     not_started = max(0, spec.study.n_trials - sum(1 for t in counted if t.state.name != "WAITING"))
     finished = [t for t in counted if t.state.is_finished()]
     cost = study_cost(spec, finished)

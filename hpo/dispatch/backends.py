@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from hpo import executors, portfolio, record, study_record, warm_start
+from hpo import executors, portfolio, study_record, tally, warm_start
 from hpo.dispatch import lease, site
 from hpo.dispatch.common import (
     LaunchOptions,
@@ -62,7 +62,7 @@ def _launch_held(
     backend: BaseStorage,
     claim: lease.Lease,
 ) -> LaunchSummary:
-    stored = len(record.counted_trials(study))
+    stored = len(tally.counted_trials(study))
     first = portfolio.first_trials(study, spec)
     enqueued = study_record.enqueue_first_trials(study, first)
     learned = len(first) - len(spec.study.enqueue)

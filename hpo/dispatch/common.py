@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import executors, failures, record, requeue, search, study_record, warm_start
+from hpo import executors, failures, record, requeue, search, study_record, tally, warm_start
 from hpo.budget import admission
 from hpo.dispatch.lease import Lease
 from hpo.dispatch.progress import Progress
@@ -318,14 +318,14 @@ class Dispatcher:
                 self.best = value
             note = " (best so far)" if better else ""
             cost = (
-                f" {self.spec.study.also_minimize}={record.format_value(trial.values[1])}"
+                f" {self.spec.study.also_minimize}={tally.format_value(trial.values[1])}"
                 if self.spec.study.also_minimize
                 else ""
             )
             self.log(
-                f"trial {trial.number} COMPLETE: {self.spec.study.metric}={record.format_value(value)}{cost}{note}"
+                f"trial {trial.number} COMPLETE: {self.spec.study.metric}={tally.format_value(value)}{cost}{note}"
             )
-            last = record.steps_mismatch(trial, self.spec)
+            last = tally.steps_mismatch(trial, self.spec)
             if last is not None:
                 self.log(f"warning: {steps_warning(self.spec, trial.number, last)}")
         elif record.is_diverged(trial):
@@ -333,14 +333,14 @@ class Dispatcher:
             self.log(f"trial {trial.number} DIVERGED: {reason} (not retried: its parameters diverge)")
         elif state == "PRUNED":
             step = max(trial.intermediate_values) if trial.intermediate_values else 0
-            value = record.metric_value(trial)
-            shown = record.format_value(value)
+            value = tally.metric_value(trial)
+            shown = tally.format_value(value)
             self.log(f"trial {trial.number} PRUNED at epoch {step}: {self.spec.study.metric}={shown}")
         elif trial.user_attrs.get(record.ATTR_INFEASIBLE):
             self.log(f"trial {trial.number} infeasible: {trial.user_attrs.get(record.ATTR_FAIL_REASON, '')}")
         else:
             reason = str(trial.user_attrs.get(record.ATTR_FAIL_REASON, ""))
-            permanent = record.ran_and_failed(trial) and failures.classify(reason).permanent
+            permanent = tally.ran_and_failed(trial) and failures.classify(reason).permanent
             self.log(
                 f"trial {trial.number} {state}: {reason}"
                 + (" (not retried: no rerun changes it)" if permanent else "")
@@ -348,7 +348,7 @@ class Dispatcher:
 
     def _counted(self) -> int:
 
-        return sum(1 for t in record.counted_trials(self.study) if t.state != optuna.trial.TrialState.WAITING)
+        return sum(1 for t in tally.counted_trials(self.study) if t.state != optuna.trial.TrialState.WAITING)
 
     # --- --workers ----------------------------------------------------------------------------
     def _queue_retries(self) -> None:
@@ -434,7 +434,7 @@ def summarize(study: optuna.Study, spec: StudySpec, log: Log = print, since: flo
     """The launch's closing lines; ``since`` (the launch's start) tells a cancel or a fail-fast
     verdict of this launch from an older one."""
     counts: dict[str, int] = {}
-    for trial in record.own_trials(study):
+    for trial in tally.own_trials(study):
         state = record.shown_state(trial)
         counts[state] = counts.get(state, 0) + 1
     cancelled = study_record.cancel_requested_at(study) >= since > 0
@@ -447,7 +447,7 @@ def summarize(study: optuna.Study, spec: StudySpec, log: Log = print, since: flo
         failing=admission.failing_line(study, since) if since > 0 else None,
     )
     log("trials: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
-    best = record.best_trial(study, spec)
+    best = tally.best_trial(study, spec)
     if best is None:
         log("no trial completed: the study was cancelled (hpo cancel)" if cancelled else "no trial completed")
         return summary
@@ -456,12 +456,12 @@ def summarize(study: optuna.Study, spec: StudySpec, log: Log = print, since: flo
         best.values[0],
         dict(best.params),
     )
-    front = record.pareto_front(study, spec)
+    front = tally.pareto_front(study, spec)
     if front:
         log(f"Pareto front ({' vs '.join(search.objective_names(spec))}): " + ", ".join(
-            f"trial {t.number} ({', '.join(record.format_value(v) for v in t.values)})" for t in front
+            f"trial {t.number} ({', '.join(tally.format_value(v) for v in t.values)})" for t in front
         ))  # fmt: skip
     log(
-        f"best trial {best.number}: value={record.format_value(best.values[0])} {record.format_params(best.params)}"
+        f"best trial {best.number}: value={tally.format_value(best.values[0])} {tally.format_params(best.params)}"
     )
     return summary

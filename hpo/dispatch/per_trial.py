@@ -9,7 +9,7 @@ from typing import Any
 
 import optuna
 
-from hpo import record
+from hpo import record, tally
 from hpo.dispatch.common import Deferral, Dispatcher, InFlight, signals_deferred
 from hpo.errors import LaunchError, NotReadyError, one_line
 from hpo.slurm import executors as slurm_jobs
@@ -146,7 +146,7 @@ class PerTrialDispatcher(Dispatcher):
             retry_of = trial.user_attrs.get(record.ATTR_RETRY_OF)
             shared = f", {len(trials)} trials on its GPU" if packed else ""
             self.log(
-                f"trial {trial.number} submitted as {self.executor.name} job {job.job_id}{shared}: {record.format_params(trial.params)}"
+                f"trial {trial.number} submitted as {self.executor.name} job {job.job_id}{shared}: {tally.format_params(trial.params)}"
                 + (f" (retry of trial {retry_of})" if retry_of is not None else "")
             )
 

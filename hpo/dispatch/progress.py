@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from hpo import record, study_record
+from hpo import record, study_record, tally
 from hpo.slurm import accounting
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class Progress:
             self._shown = False
 
     def _trials(self) -> list[optuna.trial.FrozenTrial]:
-        return record.counted_trials(self.study)
+        return tally.counted_trials(self.study)
 
     def line(self, trials: list[optuna.trial.FrozenTrial] | None = None) -> str:
         trials = self._trials() if trials is None else trials
@@ -121,7 +121,7 @@ class Progress:
             return ""
         pick = max if self.spec.study.direction == "maximize" else min
         best = pick(complete, key=lambda t: t.values[0])
-        return f"best {self.spec.study.metric}={record.format_value(best.values[0])} (trial {best.number})"
+        return f"best {self.spec.study.metric}={tally.format_value(best.values[0])} (trial {best.number})"
 
     def _used(self, trials: list[optuna.trial.FrozenTrial]) -> str:
         res = self.spec.resources
@@ -131,7 +131,7 @@ class Progress:
         total = study_record.spent_hours(self.study) if limit is not None else None
         if total is None:
             total = 0.0
-            for t in record.own_trials(self.study):  # failed trials that were retried cost too
+            for t in tally.own_trials(self.study):  # failed trials that were retried cost too
                 if t.state.name != "WAITING":
                     usage = accounting.trial_estimate(self.spec, t)
                     total += usage.gpu_hours if res.gpus_per_node else usage.cpu_hours

@@ -9,7 +9,7 @@ from typing import Any
 
 import optuna
 
-from hpo import record
+from hpo import record, tally
 from hpo.dispatch import site
 from hpo.dispatch.common import Dispatcher, InFlight, signals_deferred, worker_entry
 from hpo.errors import LaunchError, one_line
@@ -117,7 +117,7 @@ class WorkerDispatcher(Dispatcher):
         for trial in self.study.get_trials(deepcopy=False):
             if trial.state.is_finished() and trial.number not in seen:
                 seen.add(trial.number)
-                if record.is_own(trial):
+                if tally.is_own(trial):
                     self._report(trial)
                     failed = failed or trial.state.name == "FAIL"
         if failed:

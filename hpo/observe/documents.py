@@ -12,7 +12,7 @@ import math
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from hpo import record, search, study_record
+from hpo import record, search, study_record, tally
 from hpo.budget import stopping
 from hpo.budget.cost import StudyCost, study_cost
 from hpo.errors import LaunchError, StudyFileError
@@ -34,7 +34,7 @@ def summary(
     trials measured (the report's summary.json, and the head of ``hpo status --json``)."""
     from hpo.observe import views
 
-    trial = record.best_trial(study, spec)
+    trial = tally.best_trial(study, spec)
     return _finite(
         {
             "format": FORMAT,
@@ -50,8 +50,8 @@ def summary(
             "cost": _cost(spec, cost),
             "stopped": study_record.stopped(study),
             "terminator": stopping.terminator_evaluation(study),
-            "imported_trials": record.imported_count(study),
-            "packed_jobs": record.packs(trials),
+            "imported_trials": tally.imported_count(study),
+            "packed_jobs": tally.packs(trials),
             "measurements": {
                 str(t.number): {
                     key: t.user_attrs[key] for key in record.MEASUREMENT_ATTRS if key in t.user_attrs
@@ -67,19 +67,19 @@ def summary(
 def status(spec: StudySpec, study: optuna.Study) -> dict[str, Any]:
     """``hpo status --json``: the summary, then every trial of the study's own (not imported) as
     the table lists it."""
-    trials = record.own_trials(study)
+    trials = tally.own_trials(study)
     cost = study_cost(spec, trials)
     others = sorted({name for t in trials for name in t.user_attrs.get(record.ATTR_METRICS, {})})
     return {
         **summary(spec, study, trials, cost),
-        "counted_trials": len(record.counted_trials(study)),
+        "counted_trials": len(tally.counted_trials(study)),
         "trial_list": [_finite(_trial(t, cost, others)) for t in trials],
     }
 
 
 def best(spec: StudySpec, study: optuna.Study) -> dict[str, Any]:
     """``hpo best --json``: the best trial, how to run it again, and a Pareto study's front."""
-    trial = record.best_trial(study, spec)
+    trial = tally.best_trial(study, spec)
     if trial is None:
         raise LaunchError(f"study {spec.study.name!r} has no completed trial yet")
     return _finite(
@@ -116,7 +116,7 @@ def _best(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
 
 def _front(spec: StudySpec, study: optuna.Study) -> list[dict[str, Any]]:
     return [
-        {"number": t.number, "values": t.values, "params": t.params} for t in record.pareto_front(study, spec)
+        {"number": t.number, "values": t.values, "params": t.params} for t in tally.pareto_front(study, spec)
     ]
 
 
@@ -139,13 +139,13 @@ def _trial(t: optuna.trial.FrozenTrial, cost: StudyCost, others: list[str]) -> d
     return {
         "number": t.number,
         "state": record.shown_state(t),
-        "value": record.metric_value(t),
+        "value": tally.metric_value(t),
         "values": t.values,
-        "curve": {str(step): value for step, value in sorted(record.curve(t).items())},
+        "curve": {str(step): value for step, value in sorted(tally.curve(t).items())},
         "params": t.params,
-        "metrics": {name: record.other_metric(t, name) for name in others},
+        "metrics": {name: tally.other_metric(t, name) for name in others},
         "job_id": t.user_attrs.get(record.ATTR_JOB_ID),
-        "elapsed_s": record.elapsed_s(t),
+        "elapsed_s": tally.elapsed_s(t),
         "cost": cost.of(cost.per_trial[t.number]) if t.number in cost.per_trial else None,
         "fail_reason": t.user_attrs.get(record.ATTR_FAIL_REASON),
         "retry_of": t.user_attrs.get(ATTR_RETRY_OF),

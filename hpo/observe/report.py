@@ -21,7 +21,7 @@ import optuna
 from optuna import visualization as vis
 from optuna.visualization import matplotlib as vis_mpl
 
-from hpo import record, search
+from hpo import record, search, tally
 from hpo.budget.cost import StudyCost, study_cost
 from hpo.errors import LaunchError, StudyFileError, optional_extra
 from hpo.observe import documents, views
@@ -40,7 +40,7 @@ def write_report(spec: StudySpec, study: optuna.Study, out: Path) -> list[Path]:
         import matplotlib  # noqa: F401
         import pandas  # noqa: F401
         import plotly  # noqa: F401
-    trials = record.own_trials(study)
+    trials = tally.own_trials(study)
     if not trials:
         raise LaunchError(f"study {spec.study.name!r} has no trial yet: nothing to report")
     try:
@@ -146,7 +146,7 @@ def _curves(
     trials: list[optuna.trial.FrozenTrial],
 ) -> Iterator[tuple[optuna.trial.FrozenTrial, list[int], list[float]]]:
     for t in trials:
-        values = record.curve(t)
+        values = tally.curve(t)
         if values:
             steps = sorted(values)
             yield t, steps, [values[s] for s in steps]
@@ -261,7 +261,7 @@ def _write_csv(study: optuna.Study, path: Path) -> Path:
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     frame["state"] = [record.shown_state(trials[n]) for n in frame["number"]]  # not Optuna's PRUNED
     for name in sorted({name for t in trials.values() for name in t.user_attrs.get(record.ATTR_METRICS, {})}):
-        frame[f"metric_{name}"] = [record.other_metric(trials[n], name) for n in frame["number"]]
+        frame[f"metric_{name}"] = [tally.other_metric(trials[n], name) for n in frame["number"]]
     frame.to_csv(path, index=False)
     return path
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from hpo import launch_history, record
+from hpo import launch_history, record, tally
 from hpo.dispatch.lease import Lease
 from hpo.errors import LaunchError, NotReadyError, StudyFileError
 from hpo.outages import driver_line
@@ -98,7 +98,7 @@ _HINT = "start the database server, or name another with --storage URL"
 
 
 def _summary(study: optuna.Study, ref: StorageRef) -> tuple[str, str, str, str]:
-    trials = record.own_trials(study)
+    trials = tally.own_trials(study)
     counts = Counter(record.shown_state(t) for t in trials)
     shown = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none"
     complete = [
@@ -110,7 +110,7 @@ def _summary(study: optuna.Study, ref: StorageRef) -> tuple[str, str, str, str]:
     if complete:
         pick = max if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else min
         chosen = pick(complete, key=lambda t: t.values[0])
-        best = f"{record.format_value(chosen.values[0])} (trial {chosen.number})"
+        best = f"{tally.format_value(chosen.values[0])} (trial {chosen.number})"
     gpu = sum(float(t.user_attrs.get(record.ATTR_GPU_HOURS) or 0) for t in trials)
     cpu = sum(float(t.user_attrs.get(record.ATTR_CPU_HOURS) or 0) for t in trials)
     compute = f"{accounting.format_hours(gpu)} GPU-h" if gpu else f"{accounting.format_hours(cpu)} CPU-h"

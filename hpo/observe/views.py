@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import executors, paths, record, search, study_record
+from hpo import executors, paths, record, search, study_record, tally
 from hpo.budget import stopping
 from hpo.budget.cost import StudyCost, study_cost
 from hpo.config.user_code import placeholders, render
@@ -81,11 +81,11 @@ def _unreachable(spec: StudySpec, ref: StorageRef, err: BaseException) -> NotRea
 
 def status_lines(spec: StudySpec, study: optuna.Study, cost: StudyCost | None = None) -> list[str]:
     """The status table; ``cost`` when the caller already has it (one sacct call, not two)."""
-    trials = record.own_trials(study)
+    trials = tally.own_trials(study)
     counts = Counter(record.shown_state(t) for t in trials)
     # The budget's count: retried failures and trials never submitted are shown, not counted.
-    counted = len(record.counted_trials(study))
-    imported = record.imported_count(study)
+    counted = len(tally.counted_trials(study))
+    imported = tally.imported_count(study)
     lines = [
         f"study {spec.study.name}: {counted} of {spec.study.n_trials} trials; "
         + ", ".join(f"{counts[s]} {s}" for s in sorted(counts))
@@ -111,14 +111,14 @@ def status_lines(spec: StudySpec, study: optuna.Study, cost: StudyCost | None = 
         "params / reason",
     )
     rows: list[tuple[str, ...]] = [header]
-    front = {t.number for t in record.pareto_front(study, spec)}
-    mates = {n: [m for m in pack if m != n] for pack in record.packs(trials).values() for n in pack}
+    front = {t.number for t in tally.pareto_front(study, spec)}
+    mates = {n: [m for m in pack if m != n] for pack in tally.packs(trials).values() for n in pack}
     rows += [_status_row(spec, t, cost, others, measured, t.number in front, mates) for t in trials]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
     lines.append(cost_line(cost))
-    mismatched = {t.number: last for t in trials if (last := record.steps_mismatch(t, spec)) is not None}
+    mismatched = {t.number: last for t in trials if (last := tally.steps_mismatch(t, spec)) is not None}
     if mismatched and spec.objective is not None:
         lines.append(
             f"warning: {spec.source}: objective.steps is {spec.objective.steps}, but "
@@ -141,15 +141,15 @@ def _status_row(
 ) -> tuple[str, ...]:
     """One trial's row of the status table (the columns of ``status_lines``' header); ``mates``:
     the trials each packed trial's job ran beside it."""
-    value = record.metric_value(t)
-    elapsed = record.elapsed_s(t)
-    detail = record.format_params(t.params)
+    value = tally.metric_value(t)
+    elapsed = tally.elapsed_s(t)
+    detail = tally.format_params(t.params)
     reason = t.user_attrs.get(record.ATTR_FAIL_REASON)
     state = record.shown_state(t)
     if reason and state in ("FAIL", "INFEASIBLE", "DIVERGED"):
         detail = f"{detail}  [{reason}]"
     notes = [
-        f"Pareto front, {spec.study.also_minimize}={record.format_value(t.values[1])}" if on_front else "",
+        f"Pareto front, {spec.study.also_minimize}={tally.format_value(t.values[1])}" if on_front else "",
         f"retry of {t.user_attrs[ATTR_RETRY_OF]}" if ATTR_RETRY_OF in t.user_attrs else "",
         f"requeued {t.user_attrs[record.ATTR_RESTARTS]}x" if record.ATTR_RESTARTS in t.user_attrs else "",
         _pack_note(t, mates.get(t.number, [])),
@@ -159,8 +159,8 @@ def _status_row(
     return (
         str(t.number),
         state,
-        str(max(record.curve(t), default=0)),
-        record.format_value(value),
+        str(max(tally.curve(t), default=0)),
+        tally.format_value(value),
         *(_last_of(t, name) for name in others),
         str(t.user_attrs.get(record.ATTR_JOB_ID, "-")),
         "-" if elapsed is None else f"{float(elapsed):.0f}s",
@@ -171,7 +171,7 @@ def _status_row(
 
 
 def _last_of(trial: optuna.trial.FrozenTrial, name: str) -> str:
-    return record.format_value(record.other_metric(trial, name))
+    return tally.format_value(tally.other_metric(trial, name))
 
 
 def _pack_note(trial: optuna.trial.FrozenTrial, mates: list[int]) -> str:
@@ -296,42 +296,42 @@ def cost_line(cost: StudyCost) -> str:
 
 
 def best_lines(spec: StudySpec, study: optuna.Study) -> list[str]:
-    best = record.best_trial(study, spec)
+    best = tally.best_trial(study, spec)
     if best is None:
         raise LaunchError(f"study {spec.study.name!r} has no completed trial yet")
     # A PBT member ends with the settings PBT gave it, on weights that may come from others.
     final = best.user_attrs.get(ATTR_PBT_FINAL_PARAMS) or best.params
     command = rerun_command(spec, best)  # first: a trainer section changed since is bad input
     lines = []
-    front = record.pareto_front(study, spec)
+    front = tally.pareto_front(study, spec)
     if front:
         lines.append(
             f"Pareto front ({spec.study.metric} {spec.study.direction}, {spec.study.also_minimize} minimize):"
         )
         lines += [
-            f"  trial {t.number}: {spec.study.metric}={record.format_value(t.values[0])} "
-            f"{spec.study.also_minimize}={record.format_value(t.values[1])}  "
-            + record.format_params(t.params)
+            f"  trial {t.number}: {spec.study.metric}={tally.format_value(t.values[0])} "
+            f"{spec.study.also_minimize}={tally.format_value(t.values[1])}  "
+            + tally.format_params(t.params)
             for t in front
         ]  # fmt: skip
         lines.append(f"of the front, the best {spec.study.metric}:")
     lines += [
-        f"best trial {best.number}: {spec.study.metric}={record.format_value(best.values[0])} "
+        f"best trial {best.number}: {spec.study.metric}={tally.format_value(best.values[0])} "
         + (
-            f"held-out test_accuracy={record.format_value(best.user_attrs[record.ATTR_TEST_ACCURACY])} "
+            f"held-out test_accuracy={tally.format_value(best.user_attrs[record.ATTR_TEST_ACCURACY])} "
             if record.ATTR_TEST_ACCURACY in best.user_attrs
             else ""
         )
         + f"(job {best.user_attrs.get(record.ATTR_JOB_ID, '-')})",
-        "params: " + record.format_params(best.params),
+        "params: " + tally.format_params(best.params),
     ]
     for change in best.user_attrs.get(ATTR_PBT_SCHEDULE, []):
         lines.append(
             f"  PBT, after epoch {change['after_epoch']}: weights of trial {change['weights_of_trial']}, "
-            + record.format_params(change["params"])
+            + tally.format_params(change["params"])
         )
     if final != best.params:
-        lines.append("params at the end: " + record.format_params(final))
+        lines.append("params at the end: " + tally.format_params(final))
         lines.append(
             "(the command trains with the final params from the start; it does not replay PBT's schedule)"
         )

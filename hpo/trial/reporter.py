@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hpo import record
+from hpo import record, tally
 from hpo.trial.objective import TrialDiverged, check_finite
 from trainer.reporting import Decision, EpochMetrics
 
@@ -34,7 +34,7 @@ class OptunaReporter:
         self.curve: dict[str, float] = (
             dict(trial.user_attrs.get(record.ATTR_EPOCH_VALUES, {})) if multi_objective else {}
         )
-        stored = record.curve(record.read_trial(trial.study, record.trial_id(trial)))
+        stored = tally.curve(record.read_trial(trial.study, record.trial_id(trial)))
         self.last_epoch = max(stored, default=0)
         """The last epoch stored for the trial, by this run or an earlier one."""
         self.last_value: float | None = stored[self.last_epoch] if stored else None

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from hpo import record
+from hpo import record, tally
 from hpo.paths import checkpoint_dir, private_dir
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def inherit_checkpoint(spec: StudySpec, trial: optuna.Trial | optuna.trial.Froze
         # The user's script resumes after the checkpoint's step and reports only what follows:
         # the retry takes the curve up to it (one resumed at its last step reports nothing).
         [earlier] = [t for t in trial.study.get_trials(deepcopy=False) if t.number == int(failed)]
-        for step, value in sorted(record.curve(earlier).items()):
+        for step, value in sorted(tally.curve(earlier).items()):
             record.report_step(trial, step, value)
     return int(failed)
 

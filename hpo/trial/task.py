@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 import submitit
 
-from hpo import executors, failures, joblog, record, search
+from hpo import executors, failures, joblog, record, search, tally
 from hpo.errors import one_line
 from hpo.outages import with_retries
 from hpo.storage import StorageRef, open_storage
@@ -174,7 +174,7 @@ def run_attached(
         cost = [cost_objective(spec, attrs)] if spec.study.also_minimize else []
         _tell(study, trial, values=[result.value, *cost])
         state = "COMPLETE"
-    log.info(f"trial {trial.number} {state}: {spec.study.metric}={record.format_value(result.value)}")
+    log.info(f"trial {trial.number} {state}: {spec.study.metric}={tally.format_value(result.value)}")
     return {"rank": 0, "state": state, "value": result.value}
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from submitit.core.utils import UncompletedJobError
 
-from hpo import executors, joblog, record, search
+from hpo import executors, joblog, record, search, tally
 from hpo.budget import admission, compute
 from hpo.outages import with_retries
 from hpo.storage import StorageRef, open_storage
@@ -66,7 +66,7 @@ class WorkerTask:
         budget = compute.BudgetGate(self.spec, study, keep=False)  # the launcher stores the figure
         job_end = None if self.time_limit_min is None else job_started + 60 * self.time_limit_min
         ran = 0
-        while record.started_count(study) < self.spec.study.n_trials:  # enqueued ones count once run
+        while tally.started_count(study) < self.spec.study.n_trials:  # enqueued ones count once run
             answer = self._admission(study, budget, job_end, longest_trial_s)
             if answer.holds:
                 # Fail fast's hold ends when another worker's trial ends; the budget's when a trial
@@ -80,7 +80,7 @@ class WorkerTask:
             retries.inherit_checkpoint(self.spec, trial)
             # Several workers may ask at the same moment for the last slot: the trial numbers
             # decide, and a surplus trial is closed unrun so that the budget is exact.
-            earlier = [t for t in record.counted_trials(study) if t.number < trial.number]
+            earlier = [t for t in tally.counted_trials(study) if t.number < trial.number]
             if len(earlier) >= self.spec.study.n_trials:
                 record.mark_surplus(study, trial)
                 break
@@ -103,11 +103,11 @@ class WorkerTask:
         its launcher stored and judges fail fast itself, to stop as soon as it sees one. After a
         first failure that two parameter sets decide, it waits for the trial another worker runs
         (the launcher's hold), so that a set-up mistake costs 2 trials, not one per worker more."""
-        ended = record.ended_since(study, self.started)
+        ended = tally.ended_since(study, self.started)
         running = sum(
             1
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-            if record.is_own(t)
+            if tally.is_own(t)
         )
         self._suspect_since = admission.suspicion(self.spec, ended, running, self._suspect_since)
         return admission.decide(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from submitit.core.utils import pickle_load
 
-from hpo import executors, record, search, study_record
+from hpo import executors, record, search, study_record, tally
 from hpo.budget import admission
 from hpo.dispatch import lease, site
 from hpo.dispatch.common import open_study, refuse_during_cancel, refuse_live_jobs_of_other_modes
@@ -58,7 +58,7 @@ def _launch_on_slurm(
     if job is not None and not probe.ended(str(job_id), job):
         log(f"the study's Ray job {job_id} is still running: following it")
     else:
-        counted = record.started_count(study)
+        counted = tally.started_count(study)
         if counted >= spec.study.n_trials or _closed_before_submission(spec, study, log):
             return study
         job = _submit(spec, storage, objective, spec.study.n_trials - counted, probe, log)
@@ -129,8 +129,8 @@ def _follow(spec: StudySpec, study: optuna.Study, job: Any, probe: executors.Exe
         for trial in study.get_trials(deepcopy=False):
             if trial.state.is_finished() and trial.number not in seen:
                 seen.add(trial.number)
-                value = record.metric_value(trial)
-                shown = record.format_value(value)
+                value = tally.metric_value(trial)
+                shown = tally.format_value(value)
                 log(f"trial {trial.number} {trial.state.name}: {spec.study.metric}={shown} "
                     f"after {len(trial.intermediate_values)} epochs")  # fmt: skip
         if ended:

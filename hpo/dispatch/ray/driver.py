@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import executors, failures, portfolio, record, study_record, warm_start
+from hpo import executors, failures, portfolio, record, study_record, tally, warm_start
 from hpo.budget import admission
 from hpo.dispatch.common import (
     open_study,
@@ -214,7 +214,7 @@ def run(
     study_record.clear_failing_stop(study)  # an earlier launch's verdict: this one judges its own trials
     warm_start.apply(spec, study, planned, log)
     study_record.enqueue_first_trials(study, portfolio.first_trials(study, spec))
-    remaining = spec.study.n_trials - record.started_count(study)
+    remaining = spec.study.n_trials - tally.started_count(study)
     log(f"study {spec.study.name!r}: {spec.study.n_trials - remaining} of {spec.study.n_trials} trials stored"
         + (f" ({leftovers} left running by an ended Ray job, now failed)" if leftovers else ""))  # fmt: skip
     if remaining == spec.study.n_trials and (said := portfolio.coverage_line(spec)):
@@ -346,7 +346,7 @@ def _admission(
     before = {t.number for t in study.get_trials(deepcopy=False) if t.state.is_finished()}
 
     def ask(live: optuna.Study) -> admission.Admission:
-        ended = [t for t in record.ended_since(live, started) if t.number not in before]
+        ended = [t for t in tally.ended_since(live, started) if t.number not in before]
         running = len(live.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
         return gate.ask(ended, running)
 

@@ -11,7 +11,7 @@ from typing import Any
 import optuna
 import pytest
 
-from hpo import record, study_record
+from hpo import record, study_record, tally
 from hpo.budget import admission, compute
 from hpo.config.schema import build_spec
 from tests.hpo.helpers import score_study
@@ -185,7 +185,7 @@ def test_the_gate_stores_a_verdict_and_says_each_reason_once(tmp_path: Path) -> 
         cut.append(7)
         return [7]
 
-    ended = record.own_trials(study)
+    ended = tally.own_trials(study)
     first = gate.ask(ended, running=1, cut_short=cut_short)
     again = gate.ask(ended, running=1, cut_short=cut_short)
     assert first.kind == again.kind == admission.FAILING and cut == [7]  # cut once

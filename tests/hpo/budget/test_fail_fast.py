@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 import pytest
 
-from hpo import failures, record, requeue
+from hpo import failures, record, requeue, tally
 from hpo.budget import failing
 from hpo.config.schema import build_spec
 from tests.hpo.helpers import (
@@ -497,7 +497,7 @@ def test_a_queued_retry_of_a_failure_no_rerun_changes_is_closed_not_run() -> Non
     assert requeue.queue_retries(study, max_retries=3) == []
     retry = study.get_trials()[1]
     assert retry.state.name == "FAIL" and retry.user_attrs[record.ATTR_NOT_RUN], retry.user_attrs
-    assert [t.number for t in record.counted_trials(study)] == [0]
+    assert [t.number for t in tally.counted_trials(study)] == [0]
 
 
 # lr above 0.5 (15% of the log range) fails, before any report: "loss is nan" (the program's

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from hpo.record import format_value
+from hpo.tally import format_value
 from tests.hpo.helpers import (
     GOOD,
     distinct_params,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from hpo.record import format_value
+from hpo.tally import format_value
 from tests.hpo.helpers import HPO, REPO, load_trials, run_hpo, stand_in_study, study_document, write_study
 
 ARTIFACTS = REPO / "test-artifacts"

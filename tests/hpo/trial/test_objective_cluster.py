@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from hpo.record import format_value
+from hpo.tally import format_value
 from tests.hpo.helpers import (
     final_sacct_states,
     launch_in_background,

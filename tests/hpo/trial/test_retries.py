@@ -8,7 +8,7 @@ from typing import Any
 import optuna
 import pytest
 
-from hpo import record, requeue, search
+from hpo import record, requeue, search, tally
 from hpo.config import StudySpec, load_study
 from hpo.storage import open_storage, resolve_storage
 from hpo.trial import retries
@@ -50,7 +50,7 @@ def test_a_failed_trial_is_retried_once_with_its_parameters_and_history(tmp_path
     frozen = study.get_trials()[1]
     assert optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(frozen) == [0]
     # The failed trial gives its place in the budget to its retry.
-    assert [t.number for t in record.counted_trials(study)] == [1]
+    assert [t.number for t in tally.counted_trials(study)] == [1]
     # A retry that fails is retried while retries are left: two in all here.
     study.tell(retry, state=optuna.trial.TrialState.FAIL)
     assert requeue.queue_retries(study, spec.study.max_retries) == [1]
@@ -58,7 +58,7 @@ def test_a_failed_trial_is_retried_once_with_its_parameters_and_history(tmp_path
     assert study.get_trials()[2].system_attrs["retry_history"] == [0, 1]
     study.tell(third, state=optuna.trial.TrialState.FAIL)
     assert requeue.queue_retries(study, spec.study.max_retries) == []
-    assert [t.number for t in record.counted_trials(study)] == [2]
+    assert [t.number for t in tally.counted_trials(study)] == [2]
 
 
 def test_no_retry_when_max_retries_is_0_or_the_user_cancelled(tmp_path: Path) -> None:
