@@ -183,16 +183,21 @@ class NamedLock(_SessionLock):
         return f"{self.key[:51]}~{hashlib.sha256(self.key.encode()).hexdigest()[:12]}"
 
     def _try(self, connection: sqlalchemy.Connection) -> bool:
+        from sqlalchemy.exc import DBAPIError
+
         if not connection.exec_driver_sql("SELECT GET_LOCK(%s, 0)", (self._name,)).scalar():
             return False
-        connection.exec_driver_sql(
-            f"CREATE TABLE IF NOT EXISTS {self.TABLE} (name VARCHAR(64) PRIMARY KEY, holder VARCHAR(255) NOT NULL)"
-        )
         since = time.strftime("%Y-%m-%d %H:%M:%S")
-        connection.exec_driver_sql(
-            f"REPLACE INTO {self.TABLE} (name, holder) VALUES (%s, %s)",
-            (self._name, f"{self.holder[:200]}, since {since}"),
-        )
+        try:
+            connection.exec_driver_sql(
+                f"CREATE TABLE IF NOT EXISTS {self.TABLE} (name VARCHAR(64) PRIMARY KEY, holder VARCHAR(255) NOT NULL)"
+            )
+            connection.exec_driver_sql(
+                f"REPLACE INTO {self.TABLE} (name, holder) VALUES (%s, %s)",
+                (self._name, f"{self.holder[:200]}, since {since}"),
+            )
+        except DBAPIError:  # a user who may not create tables: the lock holds, unnamed
+            connection.rollback()
         return True
 
     def _holder(self, connection: sqlalchemy.Connection) -> str:
