@@ -90,8 +90,7 @@ def _cancel_queued(spec: StudySpec, cancelled: set[str]) -> list[str]:
     a job no trial holds yet), found by their names, and wait until the queue shows none."""
     lines = []
     names = ", ".join(slurm_jobs.job_name(spec, role) for role in slurm_jobs.JOB_ROLES)
-    for executor in (executors.get(name) for name in executors.REGISTRY):
-        queued = executor.queued_jobs(spec)
+    for executor, queued in executors.queued(spec):
         for job_id in queued:
             if job_id not in cancelled:
                 executor.cancel(spec, job_id)

@@ -9,19 +9,35 @@ trial code reach it by name and never compare names.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from hpo.executors.base import ENV_EXECUTOR, Executor, Log
 from hpo.executors.local import LocalExecutor
 from hpo.executors.slurm import SlurmExecutor
 
+if TYPE_CHECKING:
+    from hpo.config import StudySpec
+
 REGISTRY: dict[str, type[Executor]] = {cls.name: cls for cls in (SlurmExecutor, LocalExecutor)}
 
-__all__ = ["REGISTRY", "Executor", "get", "here", "on_slurm"]
+__all__ = ["REGISTRY", "Executor", "get", "here", "on_slurm", "queued"]
 
 
 def get(name: str, log: Log | None = None) -> Executor:
     """A fresh executor of this name (its own view of its jobs' states)."""
     return REGISTRY[name](log=log)
+
+
+def queued(spec: StudySpec) -> list[tuple[Executor, list[str]]]:
+    """The study's jobs in each executor's queue, found by their names (a job no trial holds yet:
+    a worker, a pending detached launcher): ``hpo cancel`` and ``hpo delete`` ask every executor
+    this same way."""
+    found = []
+    for executor in (cls() for cls in REGISTRY.values()):
+        jobs = executor.queued_jobs(spec)
+        if jobs:
+            found.append((executor, jobs))
+    return found
 
 
 def on_slurm(log: Log | None = None) -> Executor:

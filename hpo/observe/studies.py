@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from hpo import launch_history, record, tally
+from hpo import executors, launch_history, record, tally
 from hpo.dispatch.lease import Lease
 from hpo.errors import LaunchError, NotReadyError, StudyFileError
 from hpo.outages import driver_line
-from hpo.slurm import accounting, executors
+from hpo.slurm import accounting
 from hpo.storage import StorageRef, mask, open_storage
 
 if TYPE_CHECKING:
@@ -131,11 +131,11 @@ def delete_study(
     holder = Lease(ref, spec.study.name).held_by_another()
     if holder is not None:
         raise LaunchError(f"study {spec.study.name!r} is being launched by {holder}: `hpo cancel` it first")
-    queued = executors.queued_jobs(spec)
-    if queued:
+    if queued := executors.queued(spec):
+        executor, jobs = queued[0]
         raise LaunchError(
-            f"study {spec.study.name!r} has {len(queued)} jobs in Slurm's queue ({', '.join(queued)}): "
-            "`hpo cancel` it first"
+            f"study {spec.study.name!r} has {len(jobs)} jobs in {executor.queue_name}'s queue "
+            f"({', '.join(jobs)}): `hpo cancel` it first"
         )
     trials = len(study.get_trials(deepcopy=False))
     what = f"study {spec.study.name!r} and its {trials} trials from {mask(str(ref))}"

@@ -133,6 +133,29 @@ def test_delete_refuses_a_study_whose_launcher_runs(tmp_path: Path) -> None:
     assert len(load_trials(document)) == 1  # still there
 
 
+def test_delete_refuses_a_study_whose_jobs_wait_in_a_queue(tmp_path: Path, local_cluster: str) -> None:
+    """A worker or a detached launcher still queued with no launcher holding the study (its
+    launcher killed): deleting the study under it would lose what it writes. Every executor's queue
+    is asked, as `hpo cancel` asks them; here a held Slurm job with the study's worker name."""
+    state = tmp_path / "state"
+    (tmp_path / "my_objective.py").write_text(sleeping_objective(steps=1, step_s=0.0))
+    document = score_study(tmp_path, "queued", {"function": "my_objective:objective"}, n_trials=1)
+    write_study(tmp_path / "study.yaml", document)
+    assert _hpo("launch", "study.yaml", cwd=tmp_path, state=state).returncode == 0
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--hold", "--job-name", "hpo-queued:worker", "--wrap", "sleep 60"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    job_id = submitted.stdout.strip().split(";")[0]
+    try:
+        refused = _hpo("delete", "study.yaml", "--yes", cwd=tmp_path, state=state)
+    finally:
+        subprocess.run(["scancel", job_id], check=False, timeout=60)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"has 1 jobs in Slurm's queue ({job_id}): `hpo cancel` it first" in refused.stderr, refused.stderr
+    assert len(load_trials(document)) == 1  # still there
+
+
 def test_a_launch_naming_another_workdir_starts_its_own_study_on_the_default_journal(tmp_path: Path) -> None:
     state = tmp_path / "state"
     (tmp_path / "my_objective.py").write_text(sleeping_objective(steps=1, step_s=0.0))
