@@ -5,6 +5,7 @@ file alone, its folder writable), which is what a user without write permission 
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -37,6 +38,17 @@ def read_only_folder(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@contextlib.contextmanager
+def read_only_file(path: Path) -> Iterator[None]:
+    """The file alone made read-only (a read-only bind mount of it), its folder still writable."""
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
 def _study(tmp_path: Path, workdir: Path, storage: str | None = None) -> Path:
     (tmp_path / "my_objective.py").write_text(FUNCTION_MODULE)
     document = score_study(
@@ -66,14 +78,8 @@ def test_a_read_only_journal_file_is_one_line_and_exit_3_and_nothing_is_asked(tm
     assert run_hpo("launch", str(study_file), timeout=300).returncode == 0
     journal = workdir / "optuna.journal"
     before = journal.read_bytes()
-    # The file alone read-only: its folder stays writable (Optuna's lock goes there).
-    subprocess.run(["mount", "--bind", str(journal), str(journal)], check=True)
-    try:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(journal)], check=True)
-
+    with read_only_file(journal):  # its folder stays writable (Optuna's lock goes there)
         line = _refused(study_file, "--set", "study.n_trials=2")
-    finally:
-        subprocess.run(["umount", "-l", str(journal)], check=False)
 
     assert f"cannot write the study's journal {journal}: read-only file system" in line, line
     assert f"{study_file}: study.storage: " in line, line
@@ -129,13 +135,8 @@ def test_a_journal_made_read_only_under_a_running_study_is_the_same_line(
     journal = tmp_path / "study.journal"
     storage = open_storage(StorageRef("journal", str(journal)), create=True)
     optuna.create_study(study_name="made-read-only", storage=storage)
-    subprocess.run(["mount", "--bind", str(journal), str(journal)], check=True)
-    try:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(journal)], check=True)
-        with pytest.raises(JournalWriteError) as refused:
-            optuna.create_study(study_name="another", storage=storage)
-    finally:
-        subprocess.run(["umount", "-l", str(journal)], check=False)
+    with read_only_file(journal), pytest.raises(JournalWriteError) as refused:
+        optuna.create_study(study_name="another", storage=storage)
     assert str(refused.value) == (
         f"cannot write the study's journal {journal}: read-only file system "
         "(hint: make it writable, or name another with --storage or study.storage)"
@@ -158,12 +159,8 @@ def test_a_read_only_sqlite_file_or_folder_is_one_line_and_exit_3(
     study_file = _study(tmp_path, tmp_path / "work", storage=f"sqlite:///{database}")
     assert run_hpo("launch", str(study_file), timeout=300).returncode == 0
     before = database.read_bytes()
-    subprocess.run(["mount", "--bind", str(database), str(database)], check=True)
-    try:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(database)], check=True)
+    with read_only_file(database):
         line = _refused(study_file, "--set", "study.n_trials=2")
-    finally:
-        subprocess.run(["umount", "-l", str(database)], check=False)
     assert f"cannot write the study's database file {database}: read-only file system" in line, line
     assert database.read_bytes() == before  # nothing asked or told
     fault_line("a SQLite file read-only, or its folder", f"exit 3, nothing asked: {line}", 0, None)
