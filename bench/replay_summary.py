@@ -246,8 +246,11 @@ def print_summary(summary: dict[str, Any], all_tasks: Sequence[str]) -> None:
     seeds = max((s.get("seeds", 0) for s in summary["strategies"].values()), default=0)
     for name, s in summary["strategies"].items():
         cells = " ".join(f"{cell(s['per_task'].get(t)):>24}" for t in tasks)
-        if s.get("seeds", seeds) < seeds:
-            name += f" ({s['seeds']} seeds, to {s['horizon']:g}x)"
+        shortened = [f"{s['seeds']} seeds"] if s.get("seeds", seeds) < seeds else []
+        if s.get("horizon", 3.0) != 3.0:  # "inf" then means not reached within that compute
+            shortened.append(f"to {s['horizon']:g}x")
+        if shortened:
+            name += f" ({', '.join(shortened)})"
         print(f"{name:30} {cells} {cell(s['worst']):>14} {cell(s['worst_held_out']):>14}")
     for task, fold in summary.get("leave_one_task_out", {}).items():
         compute = "inf" if fold["compute_to_target"] is None else f"{fold['compute_to_target']:.3f}"

@@ -444,3 +444,7 @@ def test_a_slow_candidate_on_fewer_seeds_or_a_shorter_horizon_says_so_in_both_ta
     assert any(line.startswith("gp (30 seeds) (to 1x) ") for line in lines)
     assert any(line.startswith("gp (30 seeds, to 1x) ") for line in lines)
     assert any(line.startswith("default ") for line in lines)
+    # All the seeds, a shorter horizon: said all the same, since "inf" reads against it.
+    task["strategies"]["gp"] = figures(100, 1.0)
+    print_summary(summarize({"a": task}), ["a"])
+    assert any(line.startswith("gp (to 1x) ") for line in capsys.readouterr().out.splitlines())
