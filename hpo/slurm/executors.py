@@ -73,7 +73,7 @@ _CONTROLLER_AWAY = (
 _SLURM_ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
                 "PREEMPTED", "TIMEOUT", "REVOKED", "SPECIAL_EXIT"}  # fmt: skip
 # Ends that Slurm follows with a requeue of a requeueable job (trial jobs are): sacct shows them
-# for a few seconds before the requeued run's record appears.
+# until the requeued run's record appears, and submitit's watcher keeps NODE_FAIL as final.
 _SLURM_MAY_REQUEUE = {"NODE_FAIL", "PREEMPTED"}
 
 
@@ -396,7 +396,12 @@ class SlurmStates:
         grace = self.unknown_grace_s if state == "UNKNOWN" else self.requeue_grace_s
         if state == "UNKNOWN" or state in _SLURM_MAY_REQUEUE:
             first_seen = self._seen_since.setdefault((job_id, state), now)
-            return now - first_seen > grace
+            if now - first_seen <= grace:
+                return False
+            # submitit takes NODE_FAIL as final and stops asking sacct about the job, so the
+            # cached state never shows Slurm's requeue: squeue listing the job (or unable to tell)
+            # says it may run again, and a trial failed while its job runs would run twice.
+            return state == "UNKNOWN" or self._listed_by_squeue(job_id) is False
         for key in [key for key in self._seen_since if key[0] == job_id]:
             del self._seen_since[key]
         return state in _SLURM_ENDED

@@ -11,6 +11,7 @@ import fcntl
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,12 +62,27 @@ def _psql(server: str, *statements: str) -> None:
     subprocess.run(["psql", "-X", "-w", "-q", f"{server}/postgres", *commands], check=True, timeout=60)
 
 
+def _drop_database(server: str, name: str) -> None:
+    """DROP ... WITH (FORCE), which ends the sessions a test left. PostgreSQL 15 refuses it while an
+    autovacuum worker is on the database (a process of no role the service's may signal); the worker
+    is done within a second on a test's database, so the drop is tried again meanwhile."""
+    for _ in range(20):
+        proc = subprocess.run(
+            ["psql", "-X", "-w", "-q", f"{server}/postgres", "-c", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        if proc.returncode == 0 or "pg_signal_backend" not in proc.stderr:
+            break
+        time.sleep(0.5)
+    assert proc.returncode == 0, proc.stderr
+
+
 def _new_database(server: str, template: str | None = None) -> Iterator[str]:
     name = f"hpo_test_{uuid.uuid4().hex[:12]}"
     _psql(server, f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
     yield f"{server}/{name}"
     forget_database_reader(f"{server}/{name}")
-    _psql(server, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    _drop_database(server, name)
 
 
 @pytest.fixture(scope="session")
@@ -87,7 +103,8 @@ def _database_template(_cluster_started: str) -> str:
         ).stdout.strip()  # fmt: skip
         if listed != "1":
             partial = f"{template}_partial"
-            _psql(server, f"DROP DATABASE IF EXISTS {partial} WITH (FORCE)", f"CREATE DATABASE {partial}")
+            _drop_database(server, partial)
+            _psql(server, f"CREATE DATABASE {partial}")
             storage = optuna.storages.RDBStorage(f"{server}/{partial}")
             storage.engine.dispose()  # no session may stay on a database that is copied
             _psql(server, f"ALTER DATABASE {partial} RENAME TO {template}")
