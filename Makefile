@@ -5,6 +5,10 @@ VENV   ?= .venv
 unexport PYTHONDONTWRITEBYTECODE
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# A scheduler the service does not know, installed for the tests only (tests/plugins/fifo_executor):
+# it reaches the service through the hpo.executors entry points, as another scheduler's package would.
+PLUGIN := tests/plugins/fifo_executor
+PLUGIN_STAMP := $(VENV)/.installed-plugin
 # torch is pinned where it is installed: a range that admits a newer release pulls several GB.
 TORCH  := torch==2.14.1 torchvision==0.29.1
 
@@ -23,6 +27,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet uv
 	$(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode $(TORCH) -e '.[test]'
 	@touch $(STAMP)
+
+$(PLUGIN_STAMP): $(STAMP) $(PLUGIN)/pyproject.toml
+	$(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode -e $(PLUGIN)
+	@touch $(PLUGIN_STAMP)
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -43,7 +51,7 @@ cluster-down:
 # the 20 slowest files and the run's time. The lint runs beside the tests (its output printed at
 # the end, its failure failing the target): mypy is single-threaded, and before the tests it held
 # one core for most of a minute while the other idled.
-test: setup cluster
+test: setup $(PLUGIN_STAMP) cluster
 	@mkdir -p test-artifacts; \
 	$(MAKE) --no-print-directory lint > test-artifacts/lint.log 2>&1 & linting=$$!; \
 	$(VENV)/bin/pytest -n 4 --dist loadgroup; tests=$$?; \
@@ -53,7 +61,7 @@ test: setup cluster
 
 # The layer below the cluster: the tests marked `fast` (pure functions, the schema, reference sbatch
 # files, recorded Slurm output, the docs, the import graph); under a minute, no cluster needed.
-test-fast: setup
+test-fast: setup $(PLUGIN_STAMP)
 	$(VENV)/bin/pytest -n 2 -m fast
 
 # The main job on the embedded default: a 10-trial study of a narrow ResNet on the real

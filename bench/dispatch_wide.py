@@ -27,7 +27,7 @@ from bench.dispatch_study import study_file
 from hpo import record
 from hpo.config import load_study
 from hpo.dispatch.backends import LaunchOptions, launch
-from hpo.slurm import executors
+from hpo.executors import jobs
 from hpo.storage import resolve_storage
 from hpo.trial.objective import FixedDurationObjective
 
@@ -102,12 +102,12 @@ def run_wide(
     load = scheduler_load.read()
     trials = _stored_trials(name, storage_url, storage.target)
     complete = [t for t in trials if t.state.name == "COMPLETE"]
-    jobs = _sacct_jobs(executors.job_name(spec, "" if mode == "per-trial" else "worker"))
+    sacct_jobs = _sacct_jobs(jobs.job_name(spec, "" if mode == "per-trial" else "worker"))
     job_ids = [str(t.user_attrs.get(record.ATTR_JOB_ID)) for t in trials]
     # Doubled: more completed trials than the budget, or (per-trial) a trial's job submitted twice.
     doubled = max(0, len(complete) - n)
     if mode == "per-trial":
-        doubled += len(job_ids) - len(set(job_ids)) + max(0, len(jobs) - n)
+        doubled += len(job_ids) - len(set(job_ids)) + max(0, len(sacct_jobs) - n)
     minutes = makespan / 60
     return {
         "mode": mode,
@@ -119,7 +119,7 @@ def run_wide(
         "lost": n - len(complete),
         "doubled": doubled,
         # Per-trial: one job per trial, every one of them a trial's; workers: K array tasks.
-        "jobs": len(jobs),
+        "jobs": len(sacct_jobs),
         "jobs_expected": n if mode == "per-trial" else k,
         "distinct_trial_jobs": len(set(job_ids)),
         "makespan_s": round(makespan, 1),

@@ -36,7 +36,7 @@ import optuna
 
 from hpo import study_record
 from hpo.budget import compute, failing, stopping
-from hpo.slurm import accounting
+from hpo.budget.usage import format_hours
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -210,11 +210,7 @@ def compute_budget(question: Question) -> Admission | None:
         return None
     if not spending.exhausted:
         return Admission(False, HOLD, "the compute budget: no trial has finished to say what one costs")
-    expected = (
-        f"; one more trial would cost ~{accounting.format_hours(spending.per_trial)}"
-        if spending.known
-        else ""
-    )
+    expected = f"; one more trial would cost ~{format_hours(spending.per_trial)}" if spending.known else ""
     return Admission(False, BUDGET, f"compute budget reached: {spending.line()}{expected}")
 
 

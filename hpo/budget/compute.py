@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from hpo import record, study_record, tally
+from hpo import executors, record, study_record, tally
 from hpo.budget.cost import study_cost
-from hpo.slurm import accounting
+from hpo.budget.usage import format_hours, trial_gpus
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -67,10 +67,10 @@ class Spending:
         return not self.allows_another and (self.known or self.running == 0)
 
     def line(self) -> str:
-        source = "sacct" if self.measured else "estimate"
+        source = "measured" if self.measured else "estimate"
         return (
-            f"{accounting.format_hours(self.spent)} of {accounting.format_hours(self.limit)} "
-            f"{self.unit} spent [{source}], {accounting.format_hours(self.left)} left"
+            f"{format_hours(self.spent)} of {format_hours(self.limit)} "
+            f"{self.unit} spent [{source}], {format_hours(self.left)} left"
         )
 
 
@@ -114,7 +114,7 @@ def time_limit_cost(spec: StudySpec) -> float:
     """The most one trial can cost: its job's time limit times what it gets."""
     res = spec.resources
     if res.gpus_per_node:
-        return res.time_min / 60 * accounting.trial_gpus(spec)
+        return res.time_min / 60 * trial_gpus(spec)
     return res.time_min / 60 * res.cpus_per_task * spec.trial_ranks
 
 
@@ -124,17 +124,17 @@ def expected_line(spec: StudySpec) -> str:
     The trials' own cost is known only once some have run (``hpo status`` then gives it)."""
     res = spec.resources
     if res.gpus_per_node:
-        unit, count, kind = "GPU-hours", accounting.trial_gpus(spec), "GPU"
+        unit, count, kind = "GPU-hours", trial_gpus(spec), "GPU"
     else:
         unit, count, kind = "CPU-hours", res.cpus_per_task * spec.trial_ranks, "CPU"
     held = f"{count:g} {kind}{'' if count == 1 else 's'}"
     most = time_limit_cost(spec) * spec.study.n_trials
     line = (
-        f"expected cost: at most {accounting.format_hours(most)} {unit} ({spec.study.n_trials} trials, "
+        f"expected cost: at most {format_hours(most)} {unit} ({spec.study.n_trials} trials, "
         f"each up to its {res.time_min}-min time limit on {held}; pruned and faster trials cost less)"
     )
     if spec.study.budget is not None and spec.study.budget < most:
-        line += f"; study.budget stops it at {accounting.format_hours(spec.study.budget)} {unit}"
+        line += f"; study.budget stops it at {format_hours(spec.study.budget)} {unit}"
     return line
 
 
@@ -145,7 +145,7 @@ def _ray_allocation(
     to cost the allocation hours per finished trial so far, a running one half of that still."""
     assert spec.study.budget is not None
     unit = "GPU-hours" if spec.resources.gpus_per_node else "CPU-hours"
-    usage = accounting.sacct_usage(job_ids).values()
+    usage = executors.on_slurm().cost(job_ids).values()
     if not usage:  # no accounting here (or not yet): the trials' own estimates
         estimate = measure(spec, trials)
         assert estimate is not None  # the study has a budget

@@ -1,6 +1,6 @@
 """What a study cost in GPU-hours (CPU-hours where trials have no GPU): each trial's measured
 cost where its executor measures it (a per-trial Slurm job: ``sacct``), else an estimate from its
-own elapsed time (``hpo.slurm.accounting``).
+own elapsed time (``hpo.budget.usage``).
 
 Pruned and failed trials count like completed ones: they were paid for. Trials packed into one job
 (``resources.trials_per_gpu``) share what the job cost, each in proportion to its own elapsed
@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from hpo import executors, record, tally
-from hpo.slurm.accounting import Usage, trial_estimate, trial_seconds
+from hpo.budget.usage import Usage, trial_estimate, trial_seconds
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -55,8 +55,8 @@ def measured_usage(trials: Sequence[optuna.trial.FrozenTrial]) -> dict[int, Usag
         name = record.executor_name(trial)
         if (
             record.dispatch_mode(trial) == record.DispatchMode.PER_TRIAL
-            and name in executors.REGISTRY
-            and executors.REGISTRY[name].measured_cost
+            and name in executors.names()
+            and executors.executor_class(name).measured_cost
             and record.ATTR_JOB_ID in trial.user_attrs
         ):
             jobs.setdefault(name, {})[trial.number] = str(trial.user_attrs[record.ATTR_JOB_ID])

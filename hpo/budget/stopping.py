@@ -27,6 +27,7 @@ import optuna
 
 from hpo import record, search, study_record, tally
 from hpo.budget.cost import study_cost
+from hpo.budget.usage import format_hours
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -193,8 +194,6 @@ def end(study: optuna.Study, spec: StudySpec, verdict: Verdict) -> str:
 def saving(study: optuna.Study, spec: StudySpec) -> str:
     """What stopping now saves: the trials of ``n_trials`` not started, at what the finished
     trials cost on average (an estimate: their own elapsed time, or sacct's for Slurm jobs)."""
-    from hpo.slurm import accounting  # sacct: only once a rule ends the study
-
     counted = tally.counted_trials(study)
     not_started = max(0, spec.study.n_trials - sum(1 for t in counted if t.state.name != "WAITING"))
     finished = [t for t in counted if t.state.is_finished()]
@@ -203,4 +202,4 @@ def saving(study: optuna.Study, spec: StudySpec) -> str:
     hours = not_started * per_trial
     if spec.study.budget is not None:
         hours = min(hours, max(0.0, spec.study.budget - cost.total))
-    return f"{not_started} of {spec.study.n_trials} trials not run, ~{accounting.format_hours(hours)} {cost.unit}"
+    return f"{not_started} of {spec.study.n_trials} trials not run, ~{format_hours(hours)} {cost.unit}"

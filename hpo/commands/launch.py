@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpo.commands.common import Command, Options, add_study_arguments, execute_as_process, load_spec
-from hpo.config.values import BACKENDS, EXECUTORS
+from hpo.config.values import BACKENDS
 from hpo.errors import LaunchError
 
 if TYPE_CHECKING:
@@ -24,7 +24,9 @@ CHECK_TIMEOUT_S = 300.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_study_arguments(parser)
-    parser.add_argument("--executor", choices=EXECUTORS, help="override resources.executor")
+    parser.add_argument(
+        "--executor", help="override resources.executor (slurm, local, or an installed plugin's)"
+    )
     parser.add_argument("--backend", choices=BACKENDS, help="override study.backend")
     parser.add_argument("--n-trials", type=int, help="override study.n_trials (the whole study's budget)")
     parser.add_argument("--max-concurrent", type=int, help="override study.max_concurrent")

@@ -10,7 +10,6 @@ from hpo.config.study_section import PrunerSpec, SamplerSpec, StudySection
 from hpo.config.values import (
     BACKENDS,
     COST_OBJECTIVES,
-    EXECUTORS,
     METRICS,
     PRUNERS,
     RAY_ONLY_PRUNERS,
@@ -21,7 +20,6 @@ from hpo.config.values import (
 __all__ = [
     "BACKENDS",
     "COST_OBJECTIVES",
-    "EXECUTORS",
     "METRICS",
     "PRUNERS",
     "RAY_ONLY_PRUNERS",

@@ -9,19 +9,21 @@ from typing import Any
 from hpo.config.values import (
     ACCOUNT,
     SBATCH_OPTION,
-    Executor,
     check_safe_name,
     check_simple_command,
     check_single_line,
     parse_duration_min,
 )
+from hpo.executors import names as installed_executors
 from trainer.fields import KeyProblem, config_dataclass, field
 
 
 @config_dataclass()
 class Resources:
-    executor: Executor = field(
-        "local", "slurm (one Slurm job per trial, through submitit) or local (processes here)."
+    executor: str = field(
+        "local",
+        "slurm (one Slurm job per trial, through submitit), local (processes here), or the name of an "
+        "installed executor plugin (the hpo.executors entry-point group).",
     )
     nodes: int = field(1, "Nodes per trial.", ge=1)
     tasks_per_node: int = field(
@@ -59,6 +61,11 @@ class Resources:
     python: str | None = field(None, "Python interpreter on the compute nodes (default: this one).")
 
     def __post_init__(self) -> None:
+        if self.executor not in installed_executors():
+            installed = ", ".join(installed_executors())
+            raise KeyProblem(
+                "executor", f"no executor {self.executor!r} is installed; installed: {installed}"
+            )
         parse_duration_min("time", self.time)
         if self.worker_time is not None:
             parse_duration_min("worker_time", self.worker_time)

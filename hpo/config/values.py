@@ -23,7 +23,6 @@ OptunaPruner = Literal["none", "median", "percentile", "successive_halving", "hy
 RayOnlyPruner = Literal["pbt"]
 # Costs a multi-objective study may minimize alongside its metric (see hpo.trial.task.cost_objective).
 CostObjective = Literal["gpu_hours", "cpu_hours", "epoch_time_s"]
-Executor = Literal["local", "slurm"]
 Backend = Literal["optuna", "ray"]
 ParamType = Literal["float", "int", "categorical"]
 
@@ -31,7 +30,6 @@ SAMPLERS: tuple[str, ...] = typing.get_args(Sampler)
 PRUNERS: tuple[str, ...] = typing.get_args(OptunaPruner)
 RAY_ONLY_PRUNERS: tuple[str, ...] = typing.get_args(RayOnlyPruner)
 COST_OBJECTIVES: tuple[str, ...] = typing.get_args(CostObjective)
-EXECUTORS: tuple[str, ...] = typing.get_args(Executor)
 BACKENDS: tuple[str, ...] = typing.get_args(Backend)
 PARAM_TYPES: tuple[str, ...] = typing.get_args(ParamType)
 

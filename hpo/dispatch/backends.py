@@ -25,8 +25,8 @@ from hpo.dispatch.per_trial import PerTrialDispatcher
 from hpo.dispatch.progress import Progress
 from hpo.dispatch.ray.allocation import run_on_ray
 from hpo.dispatch.workers import WorkerDispatcher
+from hpo.executors import jobs
 from hpo.paths import private_dir
-from hpo.slurm import executors as slurm_jobs
 from hpo.storage import StorageRef, log_outages_to, mask
 
 if TYPE_CHECKING:
@@ -98,5 +98,5 @@ def _launch_held(
     finally:
         if progress:
             progress.close()
-        slurm_jobs.remove_unnamed_folder(slurm_jobs.jobs_folder(spec))
+        jobs.remove_unnamed_folder(jobs.jobs_folder(spec))
     return summarize(study, spec, log, since=dispatcher.started)

@@ -10,7 +10,7 @@ import optuna
 
 from hpo import executors, record, study_record
 from hpo.dispatch.lease import Lease
-from hpo.slurm import executors as slurm_jobs
+from hpo.executors import jobs
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -66,7 +66,7 @@ def _cancel_requested(
             lines.append(f"launcher ({holder}): " + ("submits no more trials" if confirmed else "gone"))
     # The trials first, then their jobs: a trial process stopped by the cancel would otherwise tell
     # its own end first (a KeyboardInterrupt), and the cancel would neither name it nor own it.
-    jobs: dict[str, executors.Executor] = {}
+    held: dict[str, executors.Executor] = {}
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         mode, name = record.dispatch_mode(trial), record.executor_name(trial)
         job_id = trial.user_attrs.get(record.ATTR_JOB_ID)
@@ -78,10 +78,10 @@ def _cancel_requested(
             lines.append(f"trial {trial.number}: cancelled {shown} job {job_id or '-'}")
         if job_id is not None and not in_ray:  # a packed job: once
             # A trial that did not record its executor (an old worker's): the study's own.
-            jobs[str(job_id)] = executors.get(name if name in executors.REGISTRY else spec.resources.executor)
-    for job_id, executor in jobs.items():
+            held[str(job_id)] = executors.get(name if name in executors.names() else spec.resources.executor)
+    for job_id, executor in held.items():
         executor.cancel(spec, job_id)
-    lines += _cancel_queued(spec, set(jobs))
+    lines += _cancel_queued(spec, set(held))
     return lines or ["no running trial; launchers and workers of this study take no new trial"]
 
 
@@ -89,7 +89,7 @@ def _cancel_queued(spec: StudySpec, cancelled: set[str]) -> list[str]:
     """Cancel the study's jobs still in an executor's queue (workers, a pending detached launcher,
     a job no trial holds yet), found by their names, and wait until the queue shows none."""
     lines = []
-    names = ", ".join(slurm_jobs.job_name(spec, role) for role in slurm_jobs.JOB_ROLES)
+    names = ", ".join(jobs.job_name(spec, role) for role in jobs.JOB_ROLES)
     for executor, queued in executors.queued(spec):
         for job_id in queued:
             if job_id not in cancelled:

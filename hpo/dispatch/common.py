@@ -27,7 +27,7 @@ from hpo.budget import admission
 from hpo.dispatch.lease import Lease
 from hpo.dispatch.progress import Progress
 from hpo.errors import NotReadyError
-from hpo.slurm import executors as slurm_jobs
+from hpo.executors import jobs
 from hpo.storage import StorageRef, check_reachable
 from hpo.trial.objective import Objective
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 @dataclasses.dataclass
 class LaunchOptions:
     executor: str
-    """The name of its executor (``hpo.executors.REGISTRY``)."""
+    """The name of its executor (an ``hpo.executors`` entry point)."""
     workers: int | None = None
     objective: Objective | None = None
     """None: the study's own (``hpo.trial.task.objective_for``)."""
@@ -290,7 +290,7 @@ class Dispatcher:
         if entry.job is None:
             return f"{entry.executor.name} process {entry.job_id} exited without telling a result"
         state = entry.executor.end_state(entry.job)
-        detail = slurm_jobs.error_line(self.spec, entry.job_id, entry.tasks, entry.slot)
+        detail = jobs.error_line(self.spec, entry.job_id, entry.tasks, entry.slot)
         reason = f"job {entry.job_id} {state} without telling a result" + (f": {detail}" if detail else "")
         if study_record.cancel_requested_at(self.study) >= self.started:
             # Seen before `hpo cancel` wrote its own reason on the trial: the cancel ended it.

@@ -12,7 +12,7 @@ import optuna
 from hpo import record, tally
 from hpo.dispatch.common import Deferral, Dispatcher, InFlight, signals_deferred
 from hpo.errors import LaunchError, NotReadyError, one_line
-from hpo.slurm import executors as slurm_jobs
+from hpo.executors import jobs
 from hpo.trial import retries
 from hpo.trial.packing import PackedJob
 from hpo.trial.task import TrialTask, objective_for
@@ -43,7 +43,7 @@ class PerTrialDispatcher(Dispatcher):
     site's job limit, where one more job would be refused)."""
 
     def run(self) -> None:
-        executor = self.executor.submitter(self.spec, job_name=slurm_jobs.job_name(self.spec), direct=True)
+        executor = self.executor.submitter(self.spec, job_name=jobs.job_name(self.spec), direct=True)
         self._take_over_running_trials(per_trial=True)
         # Every storage call waits out a database outage on its own (hpo.storage's policy).
         while not self._round(executor):
@@ -118,8 +118,8 @@ class PerTrialDispatcher(Dispatcher):
         job_task: Any = PackedJob(list(tasks)) if packed else tasks[0]
         try:
             # A controller restart is waited out here, the trial held (closed if the launcher stops).
-            job = slurm_jobs.submit_when_controller_answers(
-                lambda: executor.submit(job_task), self.log, deferral.sleep, still_wanted=self._still_wanted
+            job = self.executor.submit_with_retries(
+                lambda: executor.submit(job_task), self.log, deferral.sleep, self._still_wanted
             )
         except CancelledMeanwhile:
             for trial in trials:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
 from hpo import record, study_record, tally
-from hpo.slurm import accounting
+from hpo.budget.usage import format_hours, trial_estimate
 
 if TYPE_CHECKING:
     import optuna
@@ -133,12 +133,12 @@ class Progress:
             total = 0.0
             for t in tally.own_trials(self.study):  # failed trials that were retried cost too
                 if t.state.name != "WAITING":
-                    usage = accounting.trial_estimate(self.spec, t)
+                    usage = trial_estimate(self.spec, t)
                     total += usage.gpu_hours if res.gpus_per_node else usage.cpu_hours
         if limit is None:
-            return f"{accounting.format_hours(total)} {unit} used"
+            return f"{format_hours(total)} {unit} used"
         left = max(0.0, limit - total)
-        return f"{accounting.format_hours(total)} of {accounting.format_hours(limit)} {unit} used ({accounting.format_hours(left)} left)"
+        return f"{format_hours(total)} of {format_hours(limit)} {unit} used ({format_hours(left)} left)"
 
     def _time_left(self, trials: list[optuna.trial.FrozenTrial], done: int) -> str:
         remaining = self.spec.study.n_trials - done

@@ -9,7 +9,8 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from hpo.errors import NotReadyError
-from hpo.slurm import executors, limits
+from hpo.executors import jobs
+from hpo.slurm import limits
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -33,7 +34,7 @@ def fit(spec: StudySpec, executor: Executor, workers: int | None, log: Log) -> F
     wanted_trials = workers or spec.study.max_concurrent
     what = f"--workers {workers}" if workers else f"study.max_concurrent {wanted_trials}"
     wanted = -(-wanted_trials // per_job)  # the jobs it takes
-    own = {executors.job_name(spec), executors.job_name(spec, "worker")}  # the jobs a launch re-adopts
+    own = {jobs.job_name(spec), jobs.job_name(spec, "worker")}  # the jobs a launch re-adopts
     allowed, why, at_limit = wanted, "", False
     for limit in limits.job_limits(spec.resources.qos, spec.resources.account):
         others = limits.users_other_jobs(limit, own) or 0

@@ -13,7 +13,7 @@ from hpo import record, tally
 from hpo.dispatch import site
 from hpo.dispatch.common import Dispatcher, InFlight, signals_deferred, worker_entry
 from hpo.errors import LaunchError, one_line
-from hpo.slurm import executors as slurm_jobs
+from hpo.executors import jobs
 from hpo.trial.packing import PackedJob
 from hpo.trial.task import objective_for
 from hpo.trial.worker import WorkerTask
@@ -43,8 +43,8 @@ class WorkerDispatcher(Dispatcher):
             wanted = min(count - running, self.spec.study.n_trials - self._counted())
             if self.claim is not None:
                 self.claim.confirm()
-            jobs = self._submit_workers(wanted) if wanted > 0 else []
-            watched = [worker_entry(job, self.executor) for job in jobs] + adopted
+            submitted = self._submit_workers(wanted) if wanted > 0 else []
+            watched = [worker_entry(job, self.executor) for job in submitted] + adopted
             finished_before = len(seen)
             reported_at = time.monotonic()
             while not all(self._ended(entry) for entry in watched):
@@ -61,7 +61,7 @@ class WorkerDispatcher(Dispatcher):
             adopted = []  # the earlier launch's workers are not waited for twice
             if len(seen) == finished_before and self._counted() < self.spec.study.n_trials:
                 raise LaunchError(
-                    f"{len(watched)} workers ended without finishing a trial; see their logs in {slurm_jobs.jobs_folder(self.spec)}"
+                    f"{len(watched)} workers ended without finishing a trial; see their logs in {jobs.jobs_folder(self.spec)}"
                 )
 
     def _submit_workers(self, count: int) -> list[Any]:
@@ -77,7 +77,7 @@ class WorkerDispatcher(Dispatcher):
             time_min = site.job_time_min(self.spec, time_min, "workers", self.log)
         executor = self.executor.submitter(
             self.spec,
-            job_name=slurm_jobs.job_name(self.spec, "worker"),
+            job_name=jobs.job_name(self.spec, "worker"),
             array_parallelism=math.ceil(count / self.spec.resources.trials_per_gpu),
             time_min=time_min,
             direct=True,
@@ -103,14 +103,16 @@ class WorkerDispatcher(Dispatcher):
 
         try:
             with signals_deferred() as deferral:
-                jobs = slurm_jobs.submit_when_controller_answers(submit_array, self.log, deferral.sleep)
+                submitted = self.executor.submit_with_retries(
+                    submit_array, self.log, deferral.sleep, lambda: None
+                )
         except Exception as err:  # (a stop meanwhile is a KeyboardInterrupt, not caught here)
             raise LaunchError(f"worker submission failed: {one_line(err, last=True, name=False)}") from None
         packed = f", {per_job} workers per job" if self.spec.resources.packed else ""
         self.log(
-            f"{count} workers submitted as {self.executor.name} jobs {', '.join(str(j.job_id) for j in jobs)} ({time_min} min each{packed})"
+            f"{count} workers submitted as {self.executor.name} jobs {', '.join(str(j.job_id) for j in submitted)} ({time_min} min each{packed})"
         )
-        return jobs
+        return submitted
 
     def _report_new(self, seen: set[int]) -> set[int]:
         failed = False

@@ -1,31 +1,59 @@
-"""Where a study's jobs run: one executor per module, behind the protocol of ``base.Executor``.
+"""Where a study's jobs run: executors behind the protocol of ``base.Executor``, found as plugins.
 
-``REGISTRY`` maps the study file's ``resources.executor`` names to them (``hpo.config`` holds the
-same names, and a test holds the two equal). A new executor (another scheduler) is one module
-here implementing the protocol, listed in ``REGISTRY``; the dispatch modes, the views and the
-trial code reach it by name and never compare names.
+Each executor registers under the ``hpo.executors`` entry-point group with the name a study file
+gives it (``resources.executor``): the built-in ones in this project's pyproject.toml (``local``
+here, ``slurm`` in ``hpo.slurm``), another scheduler's in its own package, which edits no file of
+this one. The dispatch modes, the views and the trial code reach an executor by name through
+:func:`get` and never compare names; an executor is imported only once a study asks for it.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import os
 from typing import TYPE_CHECKING
 
 from hpo.executors.base import ENV_EXECUTOR, Executor, Log
-from hpo.executors.local import LocalExecutor
-from hpo.executors.slurm import SlurmExecutor
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
 
-REGISTRY: dict[str, type[Executor]] = {cls.name: cls for cls in (SlurmExecutor, LocalExecutor)}
+GROUP = "hpo.executors"
+"""The entry-point group executors register under: ``<name> = "<module>:<class>"``."""
 
-__all__ = ["REGISTRY", "Executor", "get", "here", "on_slurm", "queued"]
+__all__ = ["GROUP", "Executor", "executor_class", "get", "here", "names", "on_slurm", "queued"]
+
+
+@functools.cache
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    found = {point.name: point for point in importlib.metadata.entry_points(group=GROUP)}
+    if not found:  # the built-in ones are registered by installing this project
+        raise RuntimeError(
+            f"no executor is registered under {GROUP!r}: install the project (pip install -e .)"
+        )
+    return found
+
+
+def names() -> tuple[str, ...]:
+    """The executor names a study file may give: every installed executor's."""
+    return tuple(sorted(_entry_points()))
+
+
+@functools.cache
+def executor_class(name: str) -> type[Executor]:
+    """The executor registered as ``name`` (its module imported now)."""
+    cls: type[Executor] = _entry_points()[name].load()
+    if getattr(cls, "name", None) != name:
+        raise RuntimeError(
+            f"the executor registered as {name!r} ({cls!r}) names itself {getattr(cls, 'name', None)!r}"
+        )
+    return cls
 
 
 def get(name: str, log: Log | None = None) -> Executor:
     """A fresh executor of this name (its own view of its jobs' states)."""
-    return REGISTRY[name](log=log)
+    return executor_class(name)(log=log)
 
 
 def queued(spec: StudySpec) -> list[tuple[Executor, list[str]]]:
@@ -33,7 +61,7 @@ def queued(spec: StudySpec) -> list[tuple[Executor, list[str]]]:
     a worker, a pending detached launcher): ``hpo cancel`` and ``hpo delete`` ask every executor
     this same way."""
     found = []
-    for executor in (cls() for cls in REGISTRY.values()):
+    for executor in (get(name) for name in names()):
         jobs = executor.queued_jobs(spec)
         if jobs:
             found.append((executor, jobs))
@@ -42,10 +70,11 @@ def queued(spec: StudySpec) -> list[tuple[Executor, list[str]]]:
 
 def on_slurm(log: Log | None = None) -> Executor:
     """The Slurm executor: the one that runs a launcher (``--detach``) and a Ray allocation."""
-    return SlurmExecutor(log=log)
+    return get("slurm", log=log)
 
 
 def here() -> Executor:
     """The executor that started this process (submitit names it in the job's environment); the
     local one outside any job."""
-    return REGISTRY.get(os.environ.get(ENV_EXECUTOR, ""), LocalExecutor)()
+    name = os.environ.get(ENV_EXECUTOR, "")
+    return get(name if name in _entry_points() else "local")

@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    from hpo.budget.usage import Usage
     from hpo.config import StudySpec
-    from hpo.slurm.accounting import Usage
 
 Log = Callable[[str], None]
+T = TypeVar("T")
 
 ENV_EXECUTOR = "SUBMITIT_EXECUTOR"
 """submitit's name, in a job's environment, of the executor that started it (slurm, local)."""
@@ -52,6 +53,17 @@ class Executor(Protocol):
         direct: bool = False,
     ) -> Any:
         """The submitit executor for a study's jobs (``direct``: one process, no srun step)."""
+
+    def submit_with_retries(
+        self,
+        submit: Callable[[], T],
+        log: Log,
+        pause: Callable[[float], None],
+        still_wanted: Callable[[], None],
+    ) -> T:
+        """``submit()``, tried again while the executor's queue is away or full for a while (a
+        controller restart, the user's job limit); ``pause`` waits between tries, ``still_wanted()``
+        raises once the submission is no longer wanted."""
 
     def job(self, spec: StudySpec, job_id: str) -> Any | None:
         """A handle on a job from its stored id (a relaunch); None where the job is watched by id."""

@@ -6,17 +6,62 @@ from __future__ import annotations
 import os
 import signal
 import socket
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+import submitit
+
+from hpo.executors import jobs
 from hpo.executors.base import Log
-from hpo.slurm import executors
+from hpo.paths import private_dir
 
 if TYPE_CHECKING:
+    from hpo.budget.usage import Usage
     from hpo.config import StudySpec
-    from hpo.slurm.accounting import Usage
+
+T = TypeVar("T")
+
+LOCAL_SIGNAL_DELAY_S = 3
+"""How long before a local trial's time limit its process is told to checkpoint and requeue."""
+
+
+def local_executor(spec: StudySpec, time_min: int | None = None) -> Any:
+    """A submitit LocalExecutor whose processes get the study's per-trial resources (``time_min``
+    overrides the time limit, for --workers jobs that run many trials)."""
+    folder = private_dir(jobs.jobs_folder(spec))  # submitit's pickles are code
+    res = spec.resources
+    local = submitit.LocalExecutor(folder=folder / "%j", python=res.python or sys.executable)
+    local.update_parameters(
+        timeout_min=time_min or res.time_min,
+        # submitit's local default signals 30 s before the limit, which a short local trial
+        # takes as its limit (an epoch of 40 s in a 1 min trial would requeue until it fails);
+        # the trainer checkpoints every epoch, so the signal only needs time to requeue.
+        signal_delay_s=LOCAL_SIGNAL_DELAY_S,
+        tasks_per_node=res.tasks_per_node,
+        gpus_per_node=res.gpus_per_node,
+        setup=list(res.setup),
+    )
+    return local
+
+
+def local_job_command() -> str:
+    """How a local job starts (``hpo launch --dry-run`` shows it)."""
+    return f"{sys.executable} -m {jobs.SUBMIT_MODULE} <job folder>"
+
+
+def local_process_alive(job_id: str) -> bool:
+    """Whether the local executor's controller process with this pid still runs (after a relaunch
+    there is no Popen handle to poll)."""
+    try:
+        pid = int(job_id)
+        os.kill(pid, 0)
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (ValueError, OSError):
+        return False
+    return b"submitit" in cmdline
 
 
 class LocalExecutor:
@@ -39,14 +84,23 @@ class LocalExecutor:
         time_min: int | None = None,
         direct: bool = False,
     ) -> Any:
-        return executors.local_executor(spec, time_min)
+        return local_executor(spec, time_min)
+
+    def submit_with_retries(
+        self,
+        submit: Callable[[], T],
+        log: Log,
+        pause: Callable[[float], None],
+        still_wanted: Callable[[], None],
+    ) -> T:
+        return submit()  # a process starts or fails: there is no queue to wait for
 
     def job(self, spec: StudySpec, job_id: str) -> None:
         return None  # a relaunch has no handle on the process: watched by its pid
 
     def ended(self, job_id: str, job: Any | None) -> bool:
         if job is None:
-            return not executors.local_process_alive(job_id)
+            return not local_process_alive(job_id)
         return bool(job.done())
 
     def end_state(self, job: Any | None) -> str:
@@ -59,13 +113,13 @@ class LocalExecutor:
         return False
 
     def cancel(self, spec: StudySpec, job_id: str) -> None:
-        if executors.local_process_alive(job_id):
+        if local_process_alive(job_id):
             os.kill(int(job_id), signal.SIGINT)  # submitit's local controller forwards it to the tasks
 
     def log(
         self, spec: StudySpec, job_id: str, task: int = 0, slot: int | None = None, stderr: bool = True
     ) -> Path:
-        return executors.job_log(spec, job_id, task, slot, stderr)
+        return jobs.job_log(spec, job_id, task, slot, stderr)
 
     def cost(self, job_ids: Iterable[str], since: datetime | None = None) -> dict[str, Usage]:
         return {}  # nothing measures a local process's use: its elapsed time is the estimate
@@ -80,7 +134,7 @@ class LocalExecutor:
         return f"launcher stopped while trials {numbers} ran; `hpo launch` again resumes the study"
 
     def dry_run_lines(self, spec: StudySpec) -> list[str]:
-        start = executors.local_job_command()
+        start = local_job_command()
         if spec.resources.packed:
             return [f"# each job of up to {spec.resources.trials_per_gpu} trials runs as a local process that "
                     f"starts each trial in a process of its own: {start}, then -m hpo.trial.packing <member> per trial"]  # fmt: skip

@@ -126,7 +126,7 @@ def _cost(spec: StudySpec, cost: StudyCost) -> dict[str, Any]:
         "total": cost.total,
         "by_state": cost.by_state,
         "saved_by_pruning": cost.saved_by_pruning,
-        "source": "sacct" if cost.measured else "estimates (elapsed time x resources) where not from sacct",
+        "source": "measured" if cost.measured else "estimates (elapsed time x resources) where not measured",
         "per_trial": {str(n): cost.of(u) for n, u in sorted(cost.per_trial.items())},
         "budget": spec.study.budget,
         "left": None if spec.study.budget is None else max(0.0, spec.study.budget - cost.total),

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 import optuna
 
 from hpo import executors, launch_history, record, tally
+from hpo.budget.usage import format_hours
 from hpo.dispatch.lease import Lease
 from hpo.errors import LaunchError, NotReadyError, StudyFileError
 from hpo.outages import driver_line
-from hpo.slurm import accounting
 from hpo.storage import StorageRef, mask, open_storage
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def _summary(study: optuna.Study, ref: StorageRef) -> tuple[str, str, str, str]:
         best = f"{tally.format_value(chosen.values[0])} (trial {chosen.number})"
     gpu = sum(float(t.user_attrs.get(record.ATTR_GPU_HOURS) or 0) for t in trials)
     cpu = sum(float(t.user_attrs.get(record.ATTR_CPU_HOURS) or 0) for t in trials)
-    compute = f"{accounting.format_hours(gpu)} GPU-h" if gpu else f"{accounting.format_hours(cpu)} CPU-h"
+    compute = f"{format_hours(gpu)} GPU-h" if gpu else f"{format_hours(cpu)} CPU-h"
     holder = Lease(ref, study.study_name).held_by_another()
     return shown, best, compute, holder or "-"
 

@@ -19,11 +19,11 @@ import optuna
 from hpo import executors, paths, record, search, study_record, tally
 from hpo.budget import stopping
 from hpo.budget.cost import StudyCost, study_cost
+from hpo.budget.usage import format_hours
 from hpo.config.user_code import placeholders, render
 from hpo.errors import LaunchError, NotReadyError, StudyFileError
 from hpo.outages import DatabaseUnreachable, driver_line, is_transient
 from hpo.record import ATTR_PBT_FINAL_PARAMS, ATTR_PBT_SCHEDULE, ATTR_RETRY_OF
-from hpo.slurm import accounting
 from hpo.storage import StorageRef, mask, open_storage
 from hpo.trial import client
 from trainer.config import RUNTIME_ONLY_FIELDS, TrainConfig
@@ -164,7 +164,7 @@ def _status_row(
         *(_last_of(t, name) for name in others),
         str(t.user_attrs.get(record.ATTR_JOB_ID, "-")),
         "-" if elapsed is None else f"{float(elapsed):.0f}s",
-        accounting.format_hours(cost.of(cost.per_trial[t.number])) if t.number in cost.per_trial else "-",
+        format_hours(cost.of(cost.per_trial[t.number])) if t.number in cost.per_trial else "-",
         *(_measurement_cells(t) if measured else ()),
         detail,
     )
@@ -256,8 +256,8 @@ def ending_lines(spec: StudySpec, study: optuna.Study, cost: StudyCost) -> list[
         spent = stored if spec.study.on_ray and stored is not None else cost.total
         left = max(0.0, spec.study.budget - spent)
         lines.append(
-            f"budget: {accounting.format_hours(spent)} of {accounting.format_hours(spec.study.budget)} "
-            f"{cost.unit} spent, {accounting.format_hours(left)} left"
+            f"budget: {format_hours(spent)} of {format_hours(spec.study.budget)} "
+            f"{cost.unit} spent, {format_hours(left)} left"
         )
     stopped = study_record.stopped(study)
     if stopped and stopped.get("kind") == "failing":
@@ -282,16 +282,17 @@ def ending_lines(spec: StudySpec, study: optuna.Study, cost: StudyCost) -> list[
 
 def cost_line(cost: StudyCost) -> str:
     """The study's cost in one line: total, by state, and what pruning saved."""
-    parts = ", ".join(f"{accounting.format_hours(h)} {state}" for state, h in sorted(cost.by_state.items()))
+    parts = ", ".join(f"{format_hours(h)} {state}" for state, h in sorted(cost.by_state.items()))
+    # Measured: by the trials' executor (Slurm: sacct), where each trial had a job of its own.
     if cost.measured:
-        source = "sacct"
+        source = "measured"
     elif any(usage.measured for usage in cost.per_trial.values()):
-        source = "sacct where trials had their own Slurm job, else elapsed time x resources"
+        source = "measured where trials had their own job, else elapsed time x resources"
     else:
         source = "elapsed time x resources"
     return (
-        f"cost: {accounting.format_hours(cost.total)} {cost.unit} ({parts}); "
-        f"pruning saved {accounting.format_hours(cost.saved_by_pruning)} {cost.unit} [{source}]"
+        f"cost: {format_hours(cost.total)} {cost.unit} ({parts}); "
+        f"pruning saved {format_hours(cost.saved_by_pruning)} {cost.unit} [{source}]"
     )
 
 

@@ -21,8 +21,9 @@ import submitit
 from submitit.core.utils import JobPaths
 
 from hpo import joblog
+from hpo.executors import jobs
 from hpo.paths import private_dir
-from hpo.slurm import executors
+from hpo.slurm import jobs as slurm_jobs
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -69,7 +70,7 @@ class DetachedLaunch:
 def submit(spec: StudySpec, launch: Callable[[], int], argv: list[str]) -> str:
     """Submit the launcher's job; returns its job id."""
 
-    folder = private_dir(executors.jobs_folder(spec) / "launcher")  # submitit's pickles are code
+    folder = private_dir(jobs.jobs_folder(spec) / "launcher")  # submitit's pickles are code
     # A study that runs for days goes through many time limits: each is one requeue.
     executor = submitit.SlurmExecutor(
         folder=folder / "%j", python=spec.resources.python or sys.executable, max_num_timeout=1000
@@ -77,7 +78,7 @@ def submit(spec: StudySpec, launch: Callable[[], int], argv: list[str]) -> str:
     params = launcher_parameters(spec)
     executor.update_parameters(**params)
     job = executor.submit(DetachedLaunch(launch, argv, str(Path.cwd())))
-    executors.remove_unnamed_folder(folder)
+    jobs.remove_unnamed_folder(folder)
     return str(job.job_id)
 
 
@@ -86,7 +87,7 @@ def launcher_parameters(spec: StudySpec) -> dict[str, Any]:
     section, no GPU."""
     launcher = spec.launcher
     params: dict[str, Any] = {
-        "job_name": executors.job_name(spec, "launcher"),
+        "job_name": jobs.job_name(spec, "launcher"),
         "time": launcher.time_min,
         "nodes": 1,
         "ntasks_per_node": 1,
@@ -103,11 +104,9 @@ def launcher_parameters(spec: StudySpec) -> dict[str, Any]:
 
 def render_sbatch(spec: StudySpec) -> str:
     """The launcher job's sbatch script (compared with a reference file by the tests)."""
-    return executors.sbatch_text(
-        spec, launcher_parameters(spec), executors.jobs_folder(spec) / "launcher" / "%j"
-    )
+    return slurm_jobs.sbatch_text(spec, launcher_parameters(spec), jobs.jobs_folder(spec) / "launcher" / "%j")
 
 
 def log_path(spec: StudySpec, job_id: str) -> Path:
 
-    return Path(JobPaths(executors.jobs_folder(spec) / "launcher" / "%j", job_id, 0).stdout)
+    return Path(JobPaths(jobs.jobs_folder(spec) / "launcher" / "%j", job_id, 0).stdout)

@@ -30,7 +30,7 @@ import submitit
 from submitit.core.utils import cloudpickle_dump, pickle_load
 
 from hpo import joblog
-from hpo.slurm.executors import member_log
+from hpo.executors.jobs import member_log
 
 log = logging.getLogger("hpo.trial.packing")  # also when run as __main__ (a member)
 

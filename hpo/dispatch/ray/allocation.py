@@ -17,8 +17,8 @@ from hpo.dispatch.common import open_study, refuse_during_cancel, refuse_live_jo
 from hpo.dispatch.ray import driver
 from hpo.dispatch.ray.cluster import RayClusterTask, cpus_per_trial, gpus_per_node, slots_per_node
 from hpo.errors import LaunchError, one_line
+from hpo.executors import jobs
 from hpo.paths import private_dir
-from hpo.slurm import executors as slurm_jobs
 from hpo.storage import StorageRef, check_reachable, mask
 from hpo.trial.objective import Objective
 
@@ -110,10 +110,10 @@ def _submit(
 ) -> Any:
     allocation, time_min = allocation_spec(spec, remaining)
     time_min = site.job_time_min(spec, time_min, "the Ray job", log)
-    executor = slurm.submitter(allocation, job_name=slurm_jobs.job_name(spec, "ray"), time_min=time_min)
+    executor = slurm.submitter(allocation, job_name=jobs.job_name(spec, "ray"), time_min=time_min)
     try:
         task = RayClusterTask(spec, storage, objective)
-        job = slurm_jobs.submit_when_controller_answers(lambda: executor.submit(task), log)
+        job = slurm.submit_with_retries(lambda: executor.submit(task), log, time.sleep, lambda: None)
     except Exception as err:
         raise LaunchError(f"Ray job submission failed: {one_line(err, last=True, name=False)}") from None
     log(f"Ray job {job.job_id} submitted: {spec.resources.nodes} nodes, {slots_per_node(spec)} trials per node, "
@@ -143,7 +143,7 @@ def _follow(spec: StudySpec, study: optuna.Study, job: Any, probe: executors.Exe
         raise LaunchError(
             f"Ray job {job.job_id} failed: {one_line(value, last=True, name=False) if str(value).strip() else outcome}"
         )
-    detail = slurm_jobs.error_line(spec, str(job.job_id), spec.resources.nodes)
+    detail = jobs.error_line(spec, str(job.job_id), spec.resources.nodes)
     raise LaunchError(
         f"Ray job {job.job_id} ended {probe.end_state(job)}" + (f": {detail}" if detail else "")
     )

@@ -29,6 +29,7 @@ import optuna
 
 from hpo import executors, failures, portfolio, record, study_record, tally, warm_start
 from hpo.budget import admission
+from hpo.budget.usage import trial_gpus
 from hpo.dispatch.common import (
     open_study,
     refuse_during_cancel,
@@ -38,7 +39,6 @@ from hpo.dispatch.common import (
 from hpo.dispatch.ray import ddp_trial, optuna_search, population
 from hpo.errors import NotReadyError
 from hpo.paths import checkpoint_dir
-from hpo.slurm import accounting
 from hpo.storage import StorageRef
 from hpo.trial.objective import Objective, StepReport, TrainerObjective
 from hpo.trial.task import objective_for
@@ -287,7 +287,7 @@ def _tune_trainable(spec: StudySpec, objective: Objective, pbt: bool) -> Any:
     if spec.resources.tasks_per_node > 1:  # a DDP trial: its Ray Train workers hold the resources
         return ddp_trial.tune_trainable(spec, objective)
     # trials_per_gpu > 1: Ray's fractional GPUs place that many trials on each GPU.
-    resources = {"cpu": float(spec.resources.cpus_per_task), "gpu": accounting.trial_gpus(spec)}
+    resources = {"cpu": float(spec.resources.cpus_per_task), "gpu": trial_gpus(spec)}
     return tune.with_resources(
         tune.with_parameters(_trainable, spec=spec, objective=objective, pbt=pbt), resources=resources
     )

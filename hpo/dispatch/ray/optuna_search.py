@@ -18,8 +18,8 @@ import optuna
 
 from hpo import record, search
 from hpo.budget.admission import ADMITTED, Admission
+from hpo.budget.usage import trial_gpus
 from hpo.paths import private_dir, trial_dir
-from hpo.slurm import accounting
 from hpo.trial import measured
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def _ended_attrs(
     attrs = measured.tune_result_attrs(result, epochs_done, error, spec.resources.tasks_per_node)
     if record.ATTR_ELAPSED_S in attrs:  # its cost, as a per-trial job's own (hpo studies sums them)
         hours = float(attrs[record.ATTR_ELAPSED_S]) / 3600
-        attrs[record.ATTR_GPU_HOURS] = round(hours * accounting.trial_gpus(spec), 6)
+        attrs[record.ATTR_GPU_HOURS] = round(hours * trial_gpus(spec), 6)
         attrs[record.ATTR_CPU_HOURS] = round(hours * spec.resources.cpus_per_task * spec.trial_ranks, 6)
     if error and (reason := _noted_failure(spec, trial_id)):
         attrs[record.ATTR_FAIL_REASON] = reason

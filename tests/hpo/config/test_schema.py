@@ -114,7 +114,7 @@ def test_a_variable_may_stand_for_any_scalar(validator: Draft202012Validator) ->
     [
         ("study", "n_trials", 0),
         ("study", "metric", "accuracy"),
-        ("resources", "executor", "cloud"),
+        ("resources", "executor", ["slurm"]),
         ("trainer", "pct_start", 1.5),
         ("trainer", "batch_size", True),
         ("search_space", "lr", {"type": "uniform", "low": 0.01, "high": 1.0}),

@@ -23,7 +23,7 @@ import yaml
 from hpo.config import load_study
 from hpo.config.values import parse_duration_min
 from hpo.errors import StudyFileError
-from hpo.slurm import executors
+from hpo.executors import jobs
 from hpo.storage import StorageRef, has_password, mask, resolve_storage
 from trainer.fields import KeyProblem
 from trainer.yamlfile import load_yaml_mapping
@@ -618,10 +618,10 @@ def test_no_job_name_of_one_study_is_a_job_name_of_another(quickstart_spec: Any)
     for name in names:
         spec = copy.deepcopy(quickstart_spec)
         spec.study.name = name
-        for role in executors.JOB_ROLES:
-            job = executors.job_name(spec, role)
+        for role in jobs.JOB_ROLES:
+            job = jobs.job_name(spec, role)
             assert owners.setdefault(job, name) == name, f"{job}: {owners[job]} and {name}"
-    assert len(owners) == len(names) * len(executors.JOB_ROLES)
+    assert len(owners) == len(names) * len(jobs.JOB_ROLES)
 
 
 def test_mask_and_has_password() -> None:

@@ -142,7 +142,7 @@ def test_slurm_executor_runs_trials_as_slurm_jobs_with_postgresql(
     )
     assert report.returncode == 0, report.stderr
     summary = json.loads((tmp_path / "report/summary.json").read_text())["cost"]
-    assert summary["source"] == "sacct" and summary["unit"] == "CPU-hours"
+    assert summary["source"] == "measured" and summary["unit"] == "CPU-hours"
     assert summary["total"] == pytest.approx(sum(cpu_hours.values()))
     assert summary["per_trial"] == {
         str(t.number): pytest.approx(cpu_hours[t.user_attrs["job_id"]]) for t in trials

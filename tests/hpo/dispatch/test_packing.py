@@ -16,8 +16,9 @@ import optuna
 import pytest
 
 from hpo.budget.cost import packed_shares, study_cost
+from hpo.budget.usage import trial_estimate, trial_gpus
 from hpo.config import load_study
-from hpo.slurm import accounting, executors
+from hpo.slurm import accounting, jobs
 from tests.hpo.helpers import (
     fault_line,
     final_sacct_states,
@@ -105,14 +106,14 @@ def test_a_packed_job_asks_slurm_for_each_trials_cpus_and_memory_and_one_gpu(tmp
     document = _packed_study(tmp_path, "slurm", k=4)
     document["resources"].update(cpus_per_task=2, gpus_per_node=1, mem_gb=8)
     spec = load_study(write_study(tmp_path / "study.yaml", document))
-    params = executors.slurm_parameters(spec, "hpo-x", direct=True)
+    params = jobs.slurm_parameters(spec, "hpo-x", direct=True)
     assert (params["cpus_per_task"], params["gpus_per_node"], params["mem"]) == (8, 1, "32768MB")
     # What one trial is charged where sacct cannot split a job (a --workers job): a quarter of the
     # GPU, or its share of a smaller last pack.
-    assert accounting.trial_gpus(spec) == 0.25
+    assert trial_gpus(spec) == 0.25
     alone = optuna.trial.create_trial(value=1.0, user_attrs={"elapsed_s": 3600.0})
-    assert accounting.trial_estimate(spec, alone).gpu_hours == pytest.approx(0.25)
-    assert accounting.trial_estimate(spec, _frozen(0, "9", 3600.0)).gpu_hours == pytest.approx(0.5)
+    assert trial_estimate(spec, alone).gpu_hours == pytest.approx(0.25)
+    assert trial_estimate(spec, _frozen(0, "9", 3600.0)).gpu_hours == pytest.approx(0.5)
 
 
 @pytest.mark.fast

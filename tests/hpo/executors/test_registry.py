@@ -1,5 +1,5 @@
-"""The executor seam: the registry holds the executors the study file names, each implements the
-whole protocol, no module outside the registry and the config tells executors, dispatch modes or
+"""The executor seam: executors are found through the ``hpo.executors`` entry points (the built-in
+ones too), each implements the whole protocol, no module outside the registry and the config tells executors, dispatch modes or
 backends apart by name (a comparison, a ``match``, a table keyed by names) or reads a scheduler's
 environment, and trials written before the dispatch attribute existed read the same."""
 
@@ -18,7 +18,7 @@ import pytest
 
 from hpo import executors, record
 from hpo.config import load_study
-from hpo.config.values import BACKENDS, EXECUTORS
+from hpo.config.values import BACKENDS
 from hpo.executors.base import Executor
 from tests.hpo.helpers import study_document, write_study
 
@@ -28,16 +28,27 @@ REPO = Path(__file__).resolve().parents[3]
 # Where names may be compared: the registry (each executor knows its own) and the config (which
 # checks the study file's choices).
 OWNERS = ("hpo/executors/", "hpo/config/")
-NAMES = {*EXECUTORS, *BACKENDS, *(mode.value for mode in record.DispatchMode), "worker"}
+NAMES = {*executors.names(), *BACKENDS, *(mode.value for mode in record.DispatchMode), "worker"}
 
 
-def test_the_registry_holds_the_executors_a_study_file_may_name() -> None:
-    assert sorted(executors.REGISTRY) == sorted(EXECUTORS)
+def test_the_built_in_executors_register_as_plugins_do() -> None:
+    """Through the entry-point group, by this project's own distribution (pyproject.toml) like any
+    other package's; none is imported until a study asks for it."""
+    import importlib.metadata
+
+    ours = {
+        point.name: point.value
+        for point in importlib.metadata.distribution("slurm-hpo").entry_points
+        if point.group == executors.GROUP
+    }
+    assert ours == {"local": "hpo.executors.local:LocalExecutor", "slurm": "hpo.slurm.executor:SlurmExecutor"}
+    registered = {point.name for point in importlib.metadata.entry_points(group=executors.GROUP)}
+    assert set(executors.names()) == registered >= set(ours)
 
 
-@pytest.mark.parametrize("name", sorted(executors.REGISTRY))
+@pytest.mark.parametrize("name", executors.names())
 def test_each_executor_implements_the_whole_protocol(name: str) -> None:
-    cls = executors.REGISTRY[name]
+    cls = executors.executor_class(name)
     assert cls.name == name
     wanted = {n for n, _ in inspect.getmembers(Executor) if not n.startswith("_")} | set(
         Executor.__annotations__

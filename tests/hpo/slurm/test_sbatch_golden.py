@@ -18,7 +18,8 @@ import pytest
 
 from hpo.config.schema import build_spec
 from hpo.dispatch.ray.allocation import allocation_spec
-from hpo.slurm import detach, executors
+from hpo.executors.jobs import job_name
+from hpo.slurm import detach, jobs
 
 pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
 
@@ -84,13 +85,13 @@ def _render(case: str) -> str:
         spec = build_spec({**BASE, "resources": resources}, "golden.yaml")
         role = options.pop("role", "") if options else ""
         # Trial and worker jobs as the dispatchers submit them (a one-process job runs without srun).
-        return executors.render_sbatch(spec, executors.job_name(spec, role), direct=True, **options)
+        return jobs.render_sbatch(spec, job_name(spec, role), direct=True, **options)
     sections, resources = OTHER_JOBS[case]
     spec = build_spec({**BASE, "resources": resources, **sections}, "golden.yaml")
     if case.startswith("launcher"):
         return detach.render_sbatch(spec)
     allocation, time_min = allocation_spec(spec, remaining=spec.study.n_trials)
-    return executors.render_sbatch(allocation, executors.job_name(spec, "ray"), time_min=time_min)
+    return jobs.render_sbatch(allocation, job_name(spec, "ray"), time_min=time_min)
 
 
 @pytest.mark.parametrize("case", sorted([*CASES, *OTHER_JOBS]))

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from hpo.slurm import executors, limits
+from hpo.slurm import jobs, limits
 from tests.conftest import shared_lock
 from tests.hpo.helpers import load_trials, run_hpo, score_study, sleeping_objective, write_study
 
@@ -56,12 +56,12 @@ def test_sbatch_words_for_a_full_job_limit_are_told_from_a_policy_refusal() -> N
         "sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch job submission failed: Job violates "
         "accounting/QOS policy (job submit limit, user's size and/or time limits)"
     )
-    assert executors.job_limit_full(full) and not executors.controller_away(full)
+    assert jobs.job_limit_full(full) and not jobs.controller_away(full)
     too_long = RuntimeError(
         "sbatch: error: QOSMaxWallDurationPerJobLimit\nsbatch: error: Batch job submission failed: Job violates "
         "accounting/QOS policy (job submit limit, user's size and/or time limits)"
     )
-    assert not executors.job_limit_full(too_long)
+    assert not jobs.job_limit_full(too_long)
 
 
 @pytest.fixture
@@ -95,16 +95,14 @@ def test_a_full_job_limit_refused_by_the_real_sbatch_is_waited_out_and_a_policy_
     try:
         with pytest.raises(RuntimeError) as refused:
             _sbatch()
-        assert executors.job_limit_full(refused.value) and not executors.controller_away(refused.value), (
-            refused.value
-        )
+        assert jobs.job_limit_full(refused.value) and not jobs.controller_away(refused.value), refused.value
         threading.Timer(3.0, lambda: subprocess.run(["scancel", held[0]], timeout=60)).start()
-        job = executors.submit_when_controller_answers(_sbatch, lines.append, tolerance_s=120)
+        job = jobs.submit_when_controller_answers(_sbatch, lines.append, tolerance_s=120)
         held.append(job)
         assert len(lines) == 1 and lines[0].startswith("Slurm refuses more jobs of yours ("), lines
         assert "sbatch again in 5 s" in lines[0], lines
         with pytest.raises(RuntimeError, match="Invalid account"):
-            executors.submit_when_controller_answers(lambda: _sbatch("--account=nosuchaccount"), lines.append)
+            jobs.submit_when_controller_answers(lambda: _sbatch("--account=nosuchaccount"), lines.append)
         assert len(lines) == 1, lines  # refused at once: nothing waited for
     finally:
         subprocess.run(["scancel", *held], timeout=60)

@@ -11,7 +11,7 @@ import pytest
 
 from hpo.config.values import parse_duration_min
 from hpo.dispatch import preflight
-from hpo.slurm import accounting, executors, limits
+from hpo.slurm import accounting, jobs, limits
 
 pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
 
@@ -40,15 +40,15 @@ def test_gpus_are_read_typed_or_not_and_an_unfinished_line_is_skipped() -> None:
 
 
 def test_squeue_ids_keep_array_tasks_apart_and_a_pending_array_whole() -> None:
-    assert executors.parse_job_ids(_recorded("user-jobs-r.txt", "squeue")) == [
+    assert jobs.parse_job_ids(_recorded("user-jobs-r.txt", "squeue")) == [
         "1563",
         "1562_0",
         "1562_1",
         "1562_2",
     ]
     # Without -r (the study's jobs that `hpo cancel` hands to scancel): the array as one id.
-    assert executors.parse_job_ids(_recorded("study-jobs.txt", "squeue")) == ["1563", "1562_[0-2]"]
-    assert executors.parse_job_ids("\n") == []
+    assert jobs.parse_job_ids(_recorded("study-jobs.txt", "squeue")) == ["1563", "1562_[0-2]"]
+    assert jobs.parse_job_ids("\n") == []
 
 
 def test_sacctmgr_qos_limits_read_with_and_without_days() -> None:
@@ -78,7 +78,7 @@ def test_a_job_submitted_after_the_last_squeue_is_not_taken_as_gone(
     from types import SimpleNamespace
 
     snapshots = iter([{"41"}, {"41", "42"}])  # squeue before job 42's submission, then after it
-    monkeypatch.setattr(executors, "user_queue", lambda: next(snapshots))
+    monkeypatch.setattr(jobs, "user_queue", lambda: next(snapshots))
     watcher = SimpleNamespace(update=lambda: None, get_state=lambda job_id, mode: None)  # sacct: nothing
 
     def job(job_id: str) -> SimpleNamespace:
@@ -86,7 +86,7 @@ def test_a_job_submitted_after_the_last_squeue_is_not_taken_as_gone(
             job_id=job_id, watcher=watcher, paths=SimpleNamespace(result_pickle=tmp_path / job_id)
         )
 
-    states = executors.SlurmStates(unknown_grace_s=0.0)
+    states = jobs.SlurmStates(unknown_grace_s=0.0)
     assert not states.ended(job("41"))  # reads the first snapshot
     assert not states.ended(job("42"))  # not in it: a second read lists it
     assert not states.ended(job("42"))
@@ -105,14 +105,14 @@ def test_an_error_left_by_a_run_slurm_requeued_is_not_the_jobs_end(
     from submitit.core.utils import cloudpickle_dump
 
     queue: set[str] = {"51"}
-    monkeypatch.setattr(executors, "user_queue", lambda: set(queue))
+    monkeypatch.setattr(jobs, "user_queue", lambda: set(queue))
     sacct = {"51": "PENDING"}
     watcher = SimpleNamespace(update=lambda: None, get_state=lambda job_id, mode: sacct.get(job_id))
     result = tmp_path / "51_result.pkl"
     job = SimpleNamespace(job_id="51", watcher=watcher, paths=SimpleNamespace(result_pickle=result))
     cloudpickle_dump(("error", "CalledProcessError: scontrol requeue died with SIGTERM"), result)
 
-    states = executors.SlurmStates(refresh_s=0.0)
+    states = jobs.SlurmStates(refresh_s=0.0)
     assert not states.ended(job)  # pending again: it runs again
     sacct["51"] = "RUNNING"
     assert not states.ended(job)
@@ -121,4 +121,27 @@ def test_an_error_left_by_a_run_slurm_requeued_is_not_the_jobs_end(
     # An error of a job that is gone from the queue is its end, whatever sacct says yet.
     cloudpickle_dump(("error", "RuntimeError: boom"), result)
     queue.clear()
+    assert states.ended(job)
+
+
+def test_a_node_fail_job_that_squeue_lists_again_is_not_taken_as_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """submitit's watcher keeps NODE_FAIL as final (it stops asking sacct), so after Slurm's requeue
+    the cached state still says NODE_FAIL while the requeued run trains (seen in CI: the launcher
+    failed the trial after its grace and its retry resumed from that run's last epoch). Past the
+    grace, squeue decides: listed (or unable to tell), the job runs on; gone, it ended."""
+    from types import SimpleNamespace
+
+    queue: set[str] | None = {"61"}
+    monkeypatch.setattr(jobs, "user_queue", lambda: None if queue is None else set(queue))
+    watcher = SimpleNamespace(update=lambda: None, get_state=lambda job_id, mode: "NODE_FAIL")
+    job = SimpleNamespace(job_id="61", watcher=watcher, paths=SimpleNamespace(result_pickle=tmp_path / "61"))
+
+    states = jobs.SlurmStates(refresh_s=0.0, requeue_grace_s=0.0)
+    assert not states.ended(job)  # first seen: within its grace
+    assert not states.ended(job)  # past it, but squeue lists the requeued job
+    queue = None
+    assert not states.ended(job)  # squeue cannot tell: not ended on a guess
+    queue = set()
     assert states.ended(job)

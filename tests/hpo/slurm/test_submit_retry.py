@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpo.slurm.executors import controller_away, submit_when_controller_answers
+from hpo.slurm.jobs import controller_away, submit_when_controller_answers
 
 pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
 

@@ -1,20 +1,18 @@
-"""Submitting trial jobs with submitit: Slurm jobs or local processes, from a study's resources.
+"""Slurm jobs through submitit, from a study's resources: submission, states, the queue.
 
 submitit does the submission, the pickling of the task, job state through sacct and the logs;
-this module only maps the study file's ``resources`` section onto its parameters and re-creates
-job handles from stored job ids when a launcher resumes a study. It is the one module that uses
-submitit's private names (``_make_sbatch_string``, the ``submitit.core._submit`` entry point): a
-submitit release that changes them breaks here only. ``hpo.executors`` puts these functions
+this module only maps the study file's ``resources`` section onto its parameters, watches the
+jobs through sacct and squeue, and re-creates job handles from stored job ids when a launcher
+resumes a study. It is the one module that uses submitit's private ``_make_sbatch_string``: a
+submitit release that changes it breaks here only. ``hpo.slurm.executor`` puts these functions
 behind the executor protocol.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import pwd
-import re
 import shlex
 import shutil
 import subprocess
@@ -25,10 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import submitit
-from submitit.core.utils import JobPaths
 from submitit.slurm.slurm import _make_sbatch_string
 
 from hpo.errors import LaunchError, one_line
+from hpo.executors.jobs import JOB_ROLES, SUBMIT_MODULE, job_name, jobs_folder
 from hpo.paths import private_dir
 
 T = TypeVar("T")
@@ -45,9 +43,6 @@ a failover, an RPC rate limit) before it gives up on the submission."""
 SIGNAL_DELAY_S = 90
 """How long before a Slurm job's time limit its process is told to checkpoint and requeue
 (submitit's default)."""
-
-LOCAL_SIGNAL_DELAY_S = 3
-"""How long before a local trial's time limit its process is told to checkpoint and requeue."""
 
 UNKNOWN_GRACE_S = float(os.environ.get("HPO_UNKNOWN_GRACE_S", "300"))
 """How long a job that neither sacct nor squeue knows is given before the launcher takes it as
@@ -75,36 +70,6 @@ _SLURM_ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NO
 # Ends that Slurm follows with a requeue of a requeueable job (trial jobs are): sacct shows them
 # until the requeued run's record appears, and submitit's watcher keeps NODE_FAIL as final.
 _SLURM_MAY_REQUEUE = {"NODE_FAIL", "PREEMPTED"}
-
-
-def jobs_folder(spec: StudySpec) -> Path:
-    return spec.workdir / "jobs"
-
-
-def remove_unnamed_folder(folder: Path) -> None:
-    """submitit writes a submission under ``<folder>/%j`` before the job has an id, and leaves that
-    folder behind, literally named ``%j``: removed once empty."""
-    with contextlib.suppress(OSError):
-        (folder / "%j").rmdir()
-
-
-def local_executor(spec: StudySpec, time_min: int | None = None) -> Any:
-    """A submitit LocalExecutor whose processes get the study's per-trial resources (``time_min``
-    overrides the time limit, for --workers jobs that run many trials)."""
-    folder = private_dir(jobs_folder(spec))  # submitit's pickles are code
-    res = spec.resources
-    local = submitit.LocalExecutor(folder=folder / "%j", python=res.python or sys.executable)
-    local.update_parameters(
-        timeout_min=time_min or res.time_min,
-        # submitit's local default signals 30 s before the limit, which a short local trial
-        # takes as its limit (an epoch of 40 s in a 1 min trial would requeue until it fails);
-        # the trainer checkpoints every epoch, so the signal only needs time to requeue.
-        signal_delay_s=LOCAL_SIGNAL_DELAY_S,
-        tasks_per_node=res.tasks_per_node,
-        gpus_per_node=res.gpus_per_node,
-        setup=list(res.setup),
-    )
-    return local
 
 
 def slurm_executor(
@@ -203,33 +168,11 @@ def render_sbatch(
 def sbatch_text(spec: StudySpec, params: dict[str, Any], folder: Path) -> str:
     """The script submitit submits with ``params`` from ``folder``."""
     python = _interpreter(spec.resources.python or sys.executable, params.get("use_srun") is False)
-    command = f"{python} -u -m {_SUBMIT_MODULE} {shlex.quote(str(folder))}"
+    command = f"{python} -u -m {SUBMIT_MODULE} {shlex.quote(str(folder))}"
     # submitit renders the script at submission with this function; calling it directly works
     # where there is no srun (a SlurmExecutor refuses to exist there).
     text: str = _make_sbatch_string(command=command, folder=folder, **params)
     return text
-
-
-_SUBMIT_MODULE = "submitit.core._submit"
-"""What a submitit job runs: the job's pickle unpickled and called."""
-
-
-def local_job_command() -> str:
-    """How a local job starts (``hpo launch --dry-run`` shows it)."""
-    return f"{sys.executable} -m {_SUBMIT_MODULE} <job folder>"
-
-
-JOB_ROLES = ("", "worker", "launcher", "ray")
-"""The kinds of a study's Slurm jobs: trials (no role), ``--workers``, ``--detach``, the Ray allocation."""
-
-
-def job_name(spec: StudySpec, role: str = "") -> str:
-    """The Slurm job name of a study's jobs of one role (see :data:`JOB_ROLES`). `hpo cancel`
-    finds by these names the jobs whose ids no trial holds yet, so no name of one study may be a
-    name of another: the role follows a ``:``, which no study name contains (study ``pc``'s Ray job
-    is ``hpo-pc:ray``, study ``pc-ray``'s trials ``hpo-pc-ray``)."""
-    assert ":" not in spec.study.name and role in JOB_ROLES
-    return f"hpo-{spec.study.name}" + (f":{role}" if role else "")
 
 
 def queued_jobs(spec: StudySpec) -> list[str]:
@@ -321,18 +264,6 @@ def user_queue() -> set[str] | None:
 def slurm_job(spec: StudySpec, job_id: str) -> submitit.Job[Any]:
 
     return submitit.SlurmJob(folder=jobs_folder(spec) / "%j", job_id=job_id)
-
-
-def local_process_alive(job_id: str) -> bool:
-    """Whether the local executor's controller process with this pid still runs (after a relaunch
-    there is no Popen handle to poll)."""
-    try:
-        pid = int(job_id)
-        os.kill(pid, 0)
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (ValueError, OSError):
-        return False
-    return b"submitit" in cmdline
 
 
 class SlurmStates:
@@ -446,45 +377,6 @@ class SlurmStates:
     def state(job: Any) -> str:
         """The job's Slurm state word (``COMPLETED``, ``CANCELLED``, ...; ``UNKNOWN`` if sacct cannot tell)."""
         return str(job.watcher.get_state(str(job.job_id), mode="cache") or "UNKNOWN").split()[0].upper()
-
-
-def error_line(spec: StudySpec, job_id: str, tasks: int, slot: int | None = None) -> str:
-    """The most telling line of a job's task logs: the last exception line of the first task that
-    has one, else the last line of rank 0's log (read directly: submitit's ``exception()`` waits
-    up to 15 s per task for a result that a killed job never writes). ``slot``: the log of that
-    member of a packed job."""
-
-    last = ""
-    for task in range(max(1, tasks)):
-        path = job_log(spec, job_id, task, slot)
-        try:
-            lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
-        except OSError:
-            continue
-        errors = [line for line in lines if _EXCEPTION_LINE.match(line)]
-        if errors:
-            return errors[-1]
-        if task == 0 and lines:
-            last = lines[-1]
-    return last
-
-
-def job_log(
-    spec: StudySpec, job_id: str, task: int = 0, slot: int | None = None, stderr: bool = True
-) -> Path:
-    """A job's log of task ``task``, or the own log of member ``slot`` of a packed job."""
-    paths = JobPaths(jobs_folder(spec) / "%j", job_id, task)
-    if slot is not None:
-        return member_log(Path(paths.stderr).parent, job_id, slot, stderr)
-    return Path(paths.stderr if stderr else paths.stdout)
-
-
-def member_log(folder: Path, job_id: str, slot: int, stderr: bool) -> Path:
-    """A packed job member's own output, beside submitit's logs of the job (``hpo.trial.packing``)."""
-    return folder / f"{job_id}_slot{slot}_log.{'err' if stderr else 'out'}"
-
-
-_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|slurmstepd: error)\b")
 
 
 class _OncePerWindow(logging.Filter):

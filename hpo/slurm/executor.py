@@ -1,5 +1,6 @@
 """The Slurm executor: jobs submitted with sbatch through submitit, watched through sacct and
-squeue (``hpo.slurm``), their cost from sacct."""
+squeue (``hpo.slurm.jobs``), their cost from sacct. Registered like any executor plugin, under the
+``hpo.executors`` entry-point group (pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,22 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from hpo.errors import LaunchError, NotReadyError
+from hpo.executors import jobs
 from hpo.executors.base import Log
-from hpo.slurm import accounting, executors
+from hpo.slurm import accounting
+from hpo.slurm import jobs as slurm_jobs
 
 if TYPE_CHECKING:
+    from hpo.budget.usage import Usage
     from hpo.config import StudySpec
+
+T = TypeVar("T")
 
 
 class SlurmExecutor:
@@ -33,10 +39,10 @@ class SlurmExecutor:
         self._log = log
 
     @functools.cached_property
-    def states(self) -> executors.SlurmStates:
+    def states(self) -> slurm_jobs.SlurmStates:
         """One sacct for all the launch's jobs every few seconds, one squeue for the queue; made
         on the launcher's first question (a job asking who it is needs none)."""
-        return executors.SlurmStates(log=self._log)
+        return slurm_jobs.SlurmStates(log=self._log)
 
     def submitter(
         self,
@@ -47,10 +53,19 @@ class SlurmExecutor:
         time_min: int | None = None,
         direct: bool = False,
     ) -> Any:
-        return executors.slurm_executor(spec, job_name, array_parallelism, time_min, direct)
+        return slurm_jobs.slurm_executor(spec, job_name, array_parallelism, time_min, direct)
+
+    def submit_with_retries(
+        self,
+        submit: Callable[[], T],
+        log: Log,
+        pause: Callable[[float], None],
+        still_wanted: Callable[[], None],
+    ) -> T:
+        return slurm_jobs.submit_when_controller_answers(submit, log, pause, still_wanted=still_wanted)
 
     def job(self, spec: StudySpec, job_id: str) -> Any:
-        return executors.slurm_job(spec, job_id)
+        return slurm_jobs.slurm_job(spec, job_id)
 
     def ended(self, job_id: str, job: Any | None) -> bool:
         return job is not None and self.states.ended(job)
@@ -69,20 +84,20 @@ class SlurmExecutor:
 
     def cancel(self, spec: StudySpec, job_id: str) -> None:
         try:
-            executors.slurm_job(spec, job_id).cancel(check=False)
+            slurm_jobs.slurm_job(spec, job_id).cancel(check=False)
         except OSError as err:
             raise LaunchError(f"cannot cancel Slurm job {job_id}: {err}") from None
 
     def log(
         self, spec: StudySpec, job_id: str, task: int = 0, slot: int | None = None, stderr: bool = True
     ) -> Path:
-        return executors.job_log(spec, job_id, task, slot, stderr)
+        return jobs.job_log(spec, job_id, task, slot, stderr)
 
-    def cost(self, job_ids: Iterable[str], since: datetime | None = None) -> dict[str, accounting.Usage]:
+    def cost(self, job_ids: Iterable[str], since: datetime | None = None) -> dict[str, Usage]:
         return accounting.sacct_usage(job_ids, since=since)
 
     def queued_jobs(self, spec: StudySpec) -> list[str]:
-        return executors.queued_jobs(spec)
+        return slurm_jobs.queued_jobs(spec)
 
     def check_ready(self, spec: StudySpec) -> None:
         if shutil.which("sbatch") is None:
@@ -99,8 +114,8 @@ class SlurmExecutor:
         k = spec.resources.trials_per_gpu
         what = f"job of up to {k} trials at once" if spec.resources.packed else "trial job"
         return [
-            f"# sbatch script of each {what} (submitted by submitit; folder {executors.jobs_folder(spec)})",
-            executors.render_sbatch(spec, executors.job_name(spec), direct=True).rstrip(),
+            f"# sbatch script of each {what} (submitted by submitit; folder {jobs.jobs_folder(spec)})",
+            slurm_jobs.render_sbatch(spec, jobs.job_name(spec), direct=True).rstrip(),
         ]
 
     def identity(self) -> tuple[str, str]:
