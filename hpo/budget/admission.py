@@ -40,6 +40,7 @@ from hpo.budget.usage import format_hours
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
+    from hpo.executors import Executor
 
 OPEN = "open"
 HOLD = "hold"
@@ -365,3 +366,36 @@ class Gate:
         elif answer.kind == BUDGET and not self._budget_said:
             self._budget_said = True
             self.log(f"{answer.reason}: submitting no more trials")
+
+
+@dataclasses.dataclass(frozen=True)
+class Fitted:
+    """A launch fitted inside what the site allows it (:func:`fit_to_site`)."""
+
+    spec: StudySpec
+    workers: int | None
+    at_job_limit: bool
+    """The study fills what a refusing limit (MaxSubmitJobs) leaves it: a finished trial's job
+    must leave the queue before the next is submitted."""
+
+
+def fit_to_site(
+    spec: StudySpec, executor: Executor, workers: int | None, log: Callable[[str], None]
+) -> Fitted:
+    """``max_concurrent`` (per-trial jobs) or ``--workers`` above what the site's limits on a user's
+    jobs leave this study (the executor's ``site_room``, read once per launch) lowered to it, with
+    one line saying why; a study none of whose jobs could be submitted now is refused there."""
+    per_job = spec.resources.trials_per_gpu  # trials (or workers) a job runs at once
+    wanted_trials = workers or spec.study.max_concurrent
+    wanted = -(-wanted_trials // per_job)  # the jobs it takes
+    room = executor.site_room(spec, wanted, job_array=workers is not None)
+    if room.jobs >= wanted:
+        return Fitted(spec, workers, room.at_job_limit)
+    what = f"--workers {workers}" if workers else f"study.max_concurrent {wanted_trials}"
+    packed = f" ({room.jobs} jobs of {per_job})" if per_job > 1 else ""
+    allowed = room.jobs * per_job
+    log(f"{what} lowered to {allowed}{packed}: {room.why}")
+    if workers:
+        return Fitted(spec, allowed, room.at_job_limit)
+    study = dataclasses.replace(spec.study, max_concurrent=allowed)
+    return Fitted(dataclasses.replace(spec, study=study), workers, room.at_job_limit)

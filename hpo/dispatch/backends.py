@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 import optuna
 
 from hpo import executors, portfolio, study_record, tally, warm_start
-from hpo.dispatch import lease, site
+from hpo.budget import admission
+from hpo.dispatch import lease
 from hpo.dispatch.common import (
     LaunchOptions,
     LaunchSummary,
@@ -78,7 +79,7 @@ def _launch_held(
     queue_retries(study, spec, log)
     study_record.clear_failing_stop(study)  # an earlier launch's verdict: this one judges its own trials
     deadline = None if spec.study.timeout_min is None else time.time() + 60 * spec.study.timeout_min
-    fitted = site.fit(spec, executors.get(options.executor), options.workers, log)  # the site's job limits
+    fitted = admission.fit_to_site(spec, executors.get(options.executor), options.workers, log)
     spec = fitted.spec
     progress = Progress(spec, study, deadline, log) if options.progress else None
     shown = progress.log if progress else log

@@ -19,6 +19,7 @@ import os
 import socket
 from collections.abc import Iterator
 
+from hpo import executors
 from hpo.errors import LaunchError, NotReadyError
 from hpo.locks import Lock
 from hpo.outages import OUTAGE_TOLERANCE_S, with_retries
@@ -26,9 +27,12 @@ from hpo.storage import StorageRef, mask
 
 
 def holder_description() -> str:
-    """Who this launcher is, as another launcher is told: pid, host, Slurm job if any."""
-    job = os.environ.get("SLURM_JOB_ID")
-    return f"pid {os.getpid()} on {socket.gethostname()}" + (f", Slurm job {job}" if job else "")
+    """Who this launcher is, as another launcher is told: pid, host, its job if it runs in one."""
+    executor = executors.here()
+    job = executor.current_job()
+    return f"pid {os.getpid()} on {socket.gethostname()}" + (
+        f", {executor.queue_name} job {job}" if job else ""
+    )
 
 
 class StudyBusy(NotReadyError):

@@ -14,27 +14,21 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import stat
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpo import executors, portfolio, search
-from hpo.config import parse_duration_min
 from hpo.config.user_code import import_function, placeholders
 from hpo.dispatch.ray import ddp_trial, population
 from hpo.dispatch.ray.cluster import cpus_per_trial, slots_per_node
 from hpo.dispatch.ray.cluster import gpus_per_node as ray_gpus_per_node
 from hpo.dispatch.ray.driver import RAY_PRUNERS
 from hpo.errors import NotReadyError, StudyFileError, one_line, optional_extra
-from hpo.journal import cannot_write, shared_filesystem_warning
+from hpo.executors.base import JobShape
+from hpo.journal import cannot_write
 from hpo.paths import why_not_creatable, why_not_writable, why_not_writable_file
-from hpo.slurm import limits
 from hpo.storage import default_storage, storage_file
-from trainer.config import TrainConfig
-from trainer.errors import ConfigError
-from trainer.sources import check_data_available, dsdir_hint
 
 if TYPE_CHECKING:
     from hpo.config.schema import StudySpec
@@ -67,32 +61,16 @@ def check_launch(spec: StudySpec, *, executor: str, workers: int | None, detach:
             f"--detach: the launcher runs as a Slurm job, for trials that run as Slurm jobs; "
             f"{spec.source}: resources.executor is {executor} (add --executor slurm)"
         )
-    runs_on.check_ready(spec)
-
-    stored = storage_file(spec.study.storage)
-    if not runs_on.on_this_machine and stored is not None:
-        warning = shared_filesystem_warning(*stored)
-        if warning is not None:
-            spec.warnings.append(warning)
-    if runs_on.site_limited:
-        nodes, gpus, cpus = _job_shape(spec)
-        check_partition_capacity(spec, nodes, gpus, cpus)
-        check_qos_wall(spec)
-    if runs_on.on_this_machine:
-        check_packing_fits_here(spec)
-        if spec.objective is None:
-            check_local_data(spec)
+    runs_on.preflight(spec, job_shape(spec))
 
 
-def check_packing_fits_here(spec: StudySpec) -> None:
-    """Local processes: a pack of trials cannot have more CPUs than this machine."""
+def job_shape(spec: StudySpec) -> JobShape:
+    """What one job of the launch asks for: a trial's (a pack's), or the Ray allocation's node."""
     res = spec.resources
-    cpus = os.cpu_count() or 1
-    if res.packed and res.job_cpus_per_task > cpus:
-        raise StudyFileError(
-            f"{spec.source}: resources.trials_per_gpu: {res.trials_per_gpu} trials of "
-            f"{res.cpus_per_task} CPUs each need {res.job_cpus_per_task} CPUs; this machine has {cpus}"
-        )
+    if spec.study.on_ray:
+        slots = slots_per_node(spec)  # one allocation holding its share of the concurrent trials
+        return JobShape(res.nodes, ray_gpus_per_node(spec), cpus_per_trial(spec) * slots)
+    return JobShape(res.nodes, res.gpus_per_node, res.job_cpus_per_task * res.tasks_per_node)
 
 
 def check_sampler_installed(spec: StudySpec) -> None:
@@ -185,88 +163,6 @@ def check_ray_settings(spec: StudySpec) -> None:
         ddp_trial.check_settings(spec)
 
 
-def _job_shape(spec: StudySpec) -> tuple[int, int, int]:
-    """Nodes, GPUs per node and CPUs per node of the job a launch submits."""
-    res = spec.resources
-    if spec.study.on_ray:
-        slots = slots_per_node(spec)  # one allocation holding its share of the concurrent trials
-        return res.nodes, ray_gpus_per_node(spec), cpus_per_trial(spec) * slots
-    return res.nodes, res.gpus_per_node, res.job_cpus_per_task * res.tasks_per_node
-
-
-def check_qos_wall(spec: StudySpec) -> None:
-    """Refuse a trial whose time limit is longer than its QoS allows (sacctmgr's MaxWall): Slurm
-    would leave every such job pending (QOSMaxWallDurationPerJobLimit) or reject it."""
-
-    qos = spec.resources.qos
-    if not qos:
-        return
-    walls = limits.qos_walls()
-    if not walls:
-        return  # no accounting to ask: let sbatch judge
-    if qos not in walls:
-        raise StudyFileError(
-            f"{spec.source}: resources.qos: no QoS {qos!r} on this cluster; it has {', '.join(sorted(walls))}"
-        )
-    wall = walls[qos].strip()
-    if not wall:
-        return  # no MaxWall on this QoS
-    limit_min = parse_duration_min("MaxWall", wall)
-    if spec.resources.time_min > limit_min:
-        raise StudyFileError(
-            f"{spec.source}: resources.time: {spec.resources.time} ({spec.resources.time_min:g} min) is longer "
-            f"than QoS {qos}'s MaxWall {wall} ({limit_min:g} min); lower it or use another qos"
-        )
-
-
-def parse_node_capacity(out: str, partition: str | None) -> dict[str, tuple[int, int]]:
-    """``sinfo -h -N -o %N|%c|%G|%P``: node -> (CPUs, GPUs), of ``partition`` (sinfo was asked
-    for it) or else of the default partition, the one sinfo marks with ``*``. GPUs are counted
-    from the GRES, typed (``gpu:a100:8``) or not (``gpu:4``), socket bindings (``(S:0-1)``) aside."""
-    capacity: dict[str, tuple[int, int]] = {}
-    for line in out.splitlines():
-        name, cpus, gres, in_partition = [*line.split("|"), "", "", ""][:4]
-        if not partition and not in_partition.endswith("*"):
-            continue  # sbatch without --partition uses the default one
-        gpus = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", gres))
-        capacity[name] = (int(cpus) if cpus.isdigit() else 0, gpus)
-    return capacity
-
-
-def check_partition_capacity(spec: StudySpec, nodes: int, gpus_per_node: int, cpus_per_node: int) -> None:
-    """Refuse, before submitting, a job that the partition can never run (it would pend forever)."""
-    args = ["sinfo", "-h", "-N", "-o", "%N|%c|%G|%P"]
-    if spec.resources.partition:
-        args += ["-p", spec.resources.partition]
-    try:
-        out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return  # no sinfo answer: let sbatch judge
-    capacity = parse_node_capacity(out, spec.resources.partition)
-    where = f"partition {spec.resources.partition}" if spec.resources.partition else "the default partition"
-    if not capacity:
-        raise NotReadyError(
-            f"{spec.source}: resources.partition: {where} has no nodes",
-            "`sinfo -s` lists the partitions; set resources.partition",
-        )
-    fitting = [n for n, (cpus, gpus) in capacity.items() if cpus >= cpus_per_node and gpus >= gpus_per_node]
-    if len(fitting) < nodes:
-        most_gpus = max(gpus for _, gpus in capacity.values())
-        most_cpus = max(cpus for cpus, _ in capacity.values())
-        res = spec.resources
-        packed = (
-            f" ({res.trials_per_gpu} packed trials of {res.cpus_per_task})"
-            if res.packed and not spec.study.on_ray
-            else ""
-        )
-        raise NotReadyError(
-            f"{spec.source}: resources: a job needs {nodes} nodes with {gpus_per_node} GPUs and "
-            f"{cpus_per_node} CPUs each{packed}; {where} has {len(capacity)} nodes, {len(fitting)} of them "
-            f"big enough (at most {most_gpus} GPUs and {most_cpus} CPUs per node)",
-            "ask for less in resources, or choose another resources.partition",
-        )
-
-
 def check_objective(spec: StudySpec) -> None:
     """The user's code must be there: a function importable here (the launcher's environment is
     the jobs'), a program or script given as a path must exist; its folder must exist."""
@@ -298,22 +194,3 @@ def check_objective(spec: StudySpec) -> None:
         raise StudyFileError(
             f"{where}.command[0]: {program} is not executable (chmod +x, or run it with {{python}})"
         )
-
-
-def check_local_data(spec: StudySpec) -> None:
-    """Trials that run here read the dataset from here: it must be on disk before they start."""
-
-    try:
-        config = TrainConfig.from_mapping(spec.trainer)
-    except ConfigError as err:
-        raise StudyFileError(f"{spec.source}: trainer: {err}") from None
-    if config.resolved_data_root is None and config.dataset != "synthetic":  # generated, read from nowhere
-        raise StudyFileError(
-            f"{spec.source}: trainer.data_root: is required for dataset {config.dataset!r}{dsdir_hint()}"
-        )
-    try:
-        check_data_available(config)
-    except ConfigError as err:
-        raise NotReadyError(
-            f"{spec.source}: trainer: {err}", "install the dataset, or point trainer.data_root at it"
-        ) from None

@@ -10,7 +10,6 @@ from typing import Any
 import optuna
 
 from hpo import record, tally
-from hpo.dispatch import site
 from hpo.dispatch.common import Dispatcher, InFlight, signals_deferred, worker_entry
 from hpo.errors import LaunchError, one_line
 from hpo.executors import jobs
@@ -73,8 +72,7 @@ class WorkerDispatcher(Dispatcher):
             time_min = max(
                 res.time_min, min(time_min, math.ceil((self.deadline - time.time()) / 60) + res.time_min)
             )
-        if self.executor.site_limited:
-            time_min = site.job_time_min(self.spec, time_min, "workers", self.log)
+        time_min = self.executor.job_time_limit(self.spec, time_min, "workers", self.log)
         executor = self.executor.submitter(
             self.spec,
             job_name=jobs.job_name(self.spec, "worker"),

@@ -9,6 +9,7 @@ trial code ask through this protocol and never test which executor they have.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +26,27 @@ ENV_EXECUTOR = "SUBMITIT_EXECUTOR"
 """submitit's name, in a job's environment, of the executor that started it (slurm, local)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class JobShape:
+    """What one job of a launch asks for: its nodes, and the GPUs and CPUs on each."""
+
+    nodes: int
+    gpus_per_node: int
+    cpus_per_node: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteRoom:
+    """What the site's limits on a user's jobs leave a study (``Executor.site_room``)."""
+
+    jobs: int
+    """How many of the study's jobs may be queued at once (at most the number asked)."""
+    why: str
+    """The limit that sets it, in one phrase; empty where none is below the number asked."""
+    at_job_limit: bool
+    """A limit that refuses submissions (not only holds them) is full at that number."""
+
+
 class Executor(Protocol):
     name: ClassVar[str]
     """Its name in the study file (``resources.executor``) and on the trials it ran."""
@@ -36,8 +58,6 @@ class Executor(Protocol):
     """Whether its jobs run on the launcher's machine (its cores, its data, no shared folder)."""
     queue_name: ClassVar[str]
     """How its messages name it ("Slurm")."""
-    site_limited: ClassVar[bool]
-    """Whether the site's limits on a user's jobs (QoS, association, partition) apply to its jobs."""
 
     def __init__(self, log: Log | None = None) -> None:
         """``log``: where it says what its jobs' states leave in doubt (a launch's log)."""
@@ -96,8 +116,18 @@ class Executor(Protocol):
         """The ids of the study's jobs in the executor's queue, found by their names (a job that
         no trial records yet); none where jobs have no queue."""
 
-    def check_ready(self, spec: StudySpec) -> None:
-        """Raise ``NotReadyError`` where this machine cannot submit to the executor."""
+    def preflight(self, spec: StudySpec, shape: JobShape) -> None:
+        """Raise ``NotReadyError`` (or ``StudyFileError``) where the study's jobs of this ``shape``
+        cannot run (no way to submit from here, a partition too small, data not on disk), before
+        anything is submitted; add to ``spec.warnings`` what may go wrong."""
+
+    def site_room(self, spec: StudySpec, wanted_jobs: int, job_array: bool) -> SiteRoom:
+        """What the site's limits on a user's jobs leave the study of ``wanted_jobs`` at once
+        (``job_array``: as one array, --workers); all of them where the executor has no limits."""
+
+    def job_time_limit(self, spec: StudySpec, wanted_min: int, what: str, log: Log) -> int:
+        """A job's computed time limit (a --workers job's, the Ray allocation's) within the longest
+        the site lets a job ask for; ``log`` says why where it lowers it."""
 
     def interrupted_line(self, numbers: str) -> str:
         """What a launcher stopped while trials ``numbers`` run says of them."""
@@ -109,8 +139,19 @@ class Executor(Protocol):
     def identity(self) -> tuple[str, str]:
         """This process's job id and the nodes it runs on, as the trial records them."""
 
+    def current_job(self) -> str | None:
+        """The id of the job this process runs in (an array task's as ``1562_3``); None outside one."""
+
     def rank(self) -> int:
-        """This process's rank among its job's tasks."""
+        """This process's rank among its job's tasks (where the trainer cannot read the executor's
+        own variables, exported as torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``)."""
+
+    def restart_count(self) -> int:
+        """How many times this process's job was requeued (0 for its first run)."""
+
+    def leave_step(self) -> None:
+        """Make this process stand alone: a Ray worker inherits the variables of the job step it
+        was started in, and would take itself for one rank of that step."""
 
     def allocation(self, spec: StudySpec, share: int) -> tuple[float, float]:
         """(GPUs, CPUs) one trial of this process's job holds, the job shared by ``share`` trials."""

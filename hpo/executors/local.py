@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import submitit
 
 from hpo.executors import jobs
-from hpo.executors.base import Log
+from hpo.executors.base import JobShape, Log, SiteRoom
+from hpo.executors.this_machine import check_runs_here
 from hpo.paths import private_dir
 
 if TYPE_CHECKING:
@@ -70,7 +71,6 @@ class LocalExecutor:
     outlives_trial: ClassVar[bool] = False
     on_this_machine: ClassVar[bool] = True
     queue_name: ClassVar[str] = "this machine"
-    site_limited: ClassVar[bool] = False
 
     def __init__(self, log: Log | None = None) -> None:
         pass
@@ -127,8 +127,14 @@ class LocalExecutor:
     def queued_jobs(self, spec: StudySpec) -> list[str]:
         return []
 
-    def check_ready(self, spec: StudySpec) -> None:
-        return None
+    def preflight(self, spec: StudySpec, shape: JobShape) -> None:
+        check_runs_here(spec)
+
+    def site_room(self, spec: StudySpec, wanted_jobs: int, job_array: bool) -> SiteRoom:
+        return SiteRoom(wanted_jobs, "", False)  # this machine's cores are the only limit
+
+    def job_time_limit(self, spec: StudySpec, wanted_min: int, what: str, log: Log) -> int:
+        return wanted_min
 
     def interrupted_line(self, numbers: str) -> str:
         return f"launcher stopped while trials {numbers} ran; `hpo launch` again resumes the study"
@@ -141,10 +147,30 @@ class LocalExecutor:
         return [f"# each trial runs as a local process: {start}"]
 
     def identity(self) -> tuple[str, str]:
-        return os.environ.get("SUBMITIT_LOCAL_JOB_ID", str(os.getpid())), socket.gethostname()
+        return self.current_job() or str(os.getpid()), socket.gethostname()
+
+    def current_job(self) -> str | None:
+        return os.environ.get("SUBMITIT_LOCAL_JOB_ID")
 
     def rank(self) -> int:
-        return 0  # a multi-process local trial's rank comes from submitit's own variables
+        """submitit's local variables, which the trainer does not read, as torchrun's."""
+        if os.environ.get("SUBMITIT_LOCAL_NTASKS", "1") == "1":
+            return 0
+        dist_env = submitit.helpers.TorchDistributedEnvironment()
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.update(
+            RANK=str(dist_env.rank),
+            WORLD_SIZE=str(dist_env.world_size),
+            LOCAL_RANK=str(dist_env.local_rank),
+            MASTER_PORT=str(dist_env.master_port),
+        )
+        return dist_env.rank
+
+    def restart_count(self) -> int:
+        return 0  # submitit's local executor counts none in the job's environment
+
+    def leave_step(self) -> None:
+        return None  # a local Ray starts in the launcher's own process, in no job step
 
     def allocation(self, spec: StudySpec, share: int) -> tuple[float, float]:
         res = spec.resources  # cpus_per_task is already one packed trial's own

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from hpo.errors import LaunchError, NotReadyError
 from hpo.executors import jobs
-from hpo.executors.base import Log
-from hpo.slurm import accounting
+from hpo.executors.base import JobShape, Log, SiteRoom
+from hpo.journal import shared_filesystem_warning
+from hpo.slurm import accounting, preflight, site
 from hpo.slurm import jobs as slurm_jobs
+from hpo.storage import storage_file
 
 if TYPE_CHECKING:
     from hpo.budget.usage import Usage
@@ -33,7 +35,6 @@ class SlurmExecutor:
     outlives_trial: ClassVar[bool] = True
     on_this_machine: ClassVar[bool] = False
     queue_name: ClassVar[str] = "Slurm"
-    site_limited: ClassVar[bool] = True
 
     def __init__(self, log: Log | None = None) -> None:
         self._log = log
@@ -99,12 +100,23 @@ class SlurmExecutor:
     def queued_jobs(self, spec: StudySpec) -> list[str]:
         return slurm_jobs.queued_jobs(spec)
 
-    def check_ready(self, spec: StudySpec) -> None:
+    def preflight(self, spec: StudySpec, shape: JobShape) -> None:
         if shutil.which("sbatch") is None:
             raise NotReadyError(
                 f"{spec.source}: resources.executor: slurm, but there is no sbatch on this machine",
                 "run on a Slurm login node, or use executor: local (--executor local)",
             )
+        stored = storage_file(spec.study.storage)  # read by jobs on other nodes
+        if stored is not None and (warning := shared_filesystem_warning(*stored)) is not None:
+            spec.warnings.append(warning)
+        preflight.check_partition_capacity(spec, shape)
+        preflight.check_qos_wall(spec)
+
+    def site_room(self, spec: StudySpec, wanted_jobs: int, job_array: bool) -> SiteRoom:
+        return site.room(spec, wanted_jobs, job_array)
+
+    def job_time_limit(self, spec: StudySpec, wanted_min: int, what: str, log: Log) -> int:
+        return site.job_time_min(spec, wanted_min, what, log)
 
     def interrupted_line(self, numbers: str) -> str:
         return (f"launcher stopped; trials {numbers} keep running as Slurm jobs: `hpo launch` again "
@@ -119,12 +131,25 @@ class SlurmExecutor:
         ]
 
     def identity(self) -> tuple[str, str]:
-        array = os.environ.get("SLURM_ARRAY_JOB_ID")
-        job_id = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ["SLURM_JOB_ID"]
+        job_id = self.current_job()
+        assert job_id is not None, "identity() is asked in a Slurm job"
         return job_id, os.environ.get("SLURM_JOB_NODELIST", "")
 
+    def current_job(self) -> str | None:
+        array = os.environ.get("SLURM_ARRAY_JOB_ID")
+        if array:
+            return f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+        return os.environ.get("SLURM_JOB_ID")
+
     def rank(self) -> int:
-        return int(os.environ.get("SLURM_PROCID", "0"))
+        return int(os.environ.get("SLURM_PROCID", "0"))  # the trainer reads srun's variables itself
+
+    def restart_count(self) -> int:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+    def leave_step(self) -> None:
+        for name in ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID"):
+            os.environ.pop(name, None)
 
     def allocation(self, spec: StudySpec, share: int) -> tuple[float, float]:
         nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or 1)

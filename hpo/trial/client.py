@@ -134,7 +134,8 @@ def _rank() -> int:
     dist = _torch_distributed()
     if dist is not None:
         return int(dist.get_rank())
-    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0)
+    # The service sets RANK for every rank of a multi-process trial (hpo.trial.command_objective).
+    return int(os.environ.get("RANK", "0") or 0)
 
 
 class _SocketChannel:

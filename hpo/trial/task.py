@@ -52,7 +52,7 @@ class TrialTask:
 
     def __call__(self) -> dict[str, Any]:
         joblog.to_stdout()
-        rank = _export_rank_environment()
+        rank = executors.here().rank()
         if rank != 0:
             result = self.objective(self.spec, self.trial_number, dict(self.params), None)
             return {"rank": rank, "value": result.value, "pruned": result.pruned}
@@ -133,7 +133,7 @@ def run_attached(
     """Run a trial on rank 0: record where it runs, train while reporting, tell the end state."""
 
     started = time.monotonic()
-    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    restarts = executors.here().restart_count()
     record.set_attrs(
         trial,
         {
@@ -300,19 +300,3 @@ def own_allocation(spec: StudySpec) -> tuple[float, float]:
     """(GPUs, CPUs) of the job this process runs in (the executor's numbers, else the study's),
     divided among the trials packed into it."""
     return executors.here().allocation(spec, share=int(os.environ.get(packing.ENV_SIZE) or 1))
-
-
-def _export_rank_environment() -> int:
-    """Make the trainer see its rank. Under srun it reads Slurm's variables itself; submitit's
-    local executor sets its own, which are translated to torchrun's for multi-process trials."""
-    if os.environ.get("SUBMITIT_LOCAL_NTASKS", "1") != "1":
-        dist_env = submitit.helpers.TorchDistributedEnvironment()
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.update(
-            RANK=str(dist_env.rank),
-            WORLD_SIZE=str(dist_env.world_size),
-            LOCAL_RANK=str(dist_env.local_rank),
-            MASTER_PORT=str(dist_env.master_port),
-        )
-        return dist_env.rank
-    return executors.here().rank()

@@ -51,11 +51,7 @@ class WorkerTask:
             "load the study",
         )
         # Each worker samples its own sequence (same seed everywhere would mean the same proposals).
-        worker = (
-            os.environ.get("SLURM_ARRAY_TASK_ID")
-            or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
-            or str(os.getpid())
-        )
+        worker = executors.here().current_job() or str(os.getpid())
         slot = int(os.environ.get(packing.ENV_SLOT, "0"))  # workers packed on one GPU share a job
         search.reseed_sampler(
             study,

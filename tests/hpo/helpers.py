@@ -446,7 +446,9 @@ def check_budget_counted_from_sacct(document: dict[str, Any], study_file: Path, 
         status = run_hpo("status", str(study_file), "--storage", storage)
         found = re.search(r"^budget: ([0-9.e-]+) of [0-9.]+ CPU-hours spent", status.stdout, re.M)
         assert status.returncode == 0 and found, status.stdout + status.stderr
-        assert re.search(r"^cost: .*\[sacct\]$", status.stdout, re.M), status.stdout  # not the estimate
+        assert re.search(r"^cost: .*\[measured\]$", status.stdout, re.M), (
+            status.stdout
+        )  # sacct, not the estimate
         jobs = sacct_cpu_hours(document["study"]["name"])
         if abs(float(found.group(1)) - sum(jobs.values())) <= max(jobs.values()):
             return

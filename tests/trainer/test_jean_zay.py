@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from hpo.config.loading import load_study
-from hpo.dispatch.preflight import check_local_data
 from hpo.errors import StudyFileError
+from hpo.executors.this_machine import check_local_data
 from trainer.config import TrainConfig
 from trainer.errors import ConfigError
 from trainer.sources import check_data_available

@@ -12,7 +12,7 @@ from submitit.core.utils import pickle_load
 
 from hpo import executors, record, search, study_record, tally
 from hpo.budget import admission
-from hpo.dispatch import lease, site
+from hpo.dispatch import lease
 from hpo.dispatch.common import open_study, refuse_during_cancel, refuse_live_jobs_of_other_modes
 from hpo.dispatch.ray import driver
 from hpo.dispatch.ray.cluster import RayClusterTask, cpus_per_trial, gpus_per_node, slots_per_node
@@ -109,7 +109,7 @@ def _submit(
     log: Any,
 ) -> Any:
     allocation, time_min = allocation_spec(spec, remaining)
-    time_min = site.job_time_min(spec, time_min, "the Ray job", log)
+    time_min = slurm.job_time_limit(spec, time_min, "the Ray job", log)
     executor = slurm.submitter(allocation, job_name=jobs.job_name(spec, "ray"), time_min=time_min)
     try:
         task = RayClusterTask(spec, storage, objective)

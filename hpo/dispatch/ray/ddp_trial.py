@@ -44,10 +44,6 @@ if TYPE_CHECKING:
 # that neither the workers ask for nor the allocation is sized by (CPUs and GPUs are exact).
 DRIVER_MEMORY_BYTES = 256 * 2**20
 
-# Ray's workers inherit the Slurm step's variables of the node they run on. The trainer takes the
-# group Ray Train set up anyway; nothing must mistake a worker for a rank of that srun step.
-SLURM_STEP_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID")
-
 
 def check_settings(spec: StudySpec) -> None:
     """Reject, before anything starts, DDP trials that the Ray backend cannot run."""
@@ -199,8 +195,9 @@ class _Worker:
     def __call__(self) -> None:
         import ray.train
 
-        for name in SLURM_STEP_VARIABLES:
-            os.environ.pop(name, None)
+        # Ray's workers inherit the job step's variables of the node they run on. The trainer takes
+        # the group Ray Train set up anyway; nothing must mistake a worker for a rank of that step.
+        executors.here().leave_step()
         main = ray.train.get_context().get_world_rank() == 0
         self.objective(self.spec, self.trial_key, dict(self.params), _TrainReporter(main))
 

@@ -124,17 +124,11 @@ def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective, pb
             own_checkpoint.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(Path(folder) / CHECKPOINT_NAME, own_checkpoint / CHECKPOINT_NAME)
 
-    # A Tune trial is one process, but Ray's workers inherit the Slurm step's variables of the
+    # A Tune trial is one process, but Ray's workers inherit the job step's variables of the
     # node they run on: the trainer would take itself for one rank of a multi-task step and wait
     # for the other ranks.
-    for name in (
-        "SLURM_PROCID",
-        "SLURM_STEP_NUM_TASKS",
-        "SLURM_LOCALID",
-        "RANK",
-        "WORLD_SIZE",
-        "MASTER_PORT",
-    ):
+    executors.here().leave_step()
+    for name in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
         os.environ.pop(name, None)
     try:
         objective(spec, trial_key, config, TuneReporter())
@@ -167,7 +161,7 @@ def fail_leftovers(spec: StudySpec, study: optuna.Study) -> int:
     ended (time limit, preemption, crash): they are failed, and the budget goes on counting them.
     Those of another launch mode whose jobs still run, or of another Ray job that still runs (a
     local launch beside the study's allocation), refuse the launch in one line."""
-    this_job = os.environ.get("SLURM_JOB_ID")
+    this_job = executors.here().current_job()
     refuse_live_jobs_of_other_modes(spec, study, record.DispatchMode.RAY)
     leftovers = [
         trial
@@ -222,7 +216,7 @@ def run(
     rerun_set_up_failures(study, log)
     if remaining <= 0:
         return
-    job_id = os.environ.get("SLURM_JOB_ID", f"local-{os.getpid()}")
+    job_id = executors.here().current_job() or f"local-{os.getpid()}"
     if cluster is not None:
         ray.init(address=cluster(), log_to_driver=False)
     else:

@@ -128,7 +128,7 @@ def test_slurm_executor_runs_trials_as_slurm_jobs_with_postgresql(
         assert row, status.stdout
         assert row.group(1) == f"{cpu_hours[trial.user_attrs['job_id']]:.3g}", (row.group(0), cpu_hours)
     total = re.search(
-        r"^cost: (\S+) CPU-hours \(.*PRUNED.*\); pruning saved (\S+) CPU-hours \[sacct\]$",
+        r"^cost: (\S+) CPU-hours \(.*PRUNED.*\); pruning saved (\S+) CPU-hours \[measured\]$",
         status.stdout,
         re.M,
     )

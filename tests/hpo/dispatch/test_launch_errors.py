@@ -165,7 +165,7 @@ def test_a_trial_longer_than_its_qos_allows_is_refused_before_submission(
     # Within the MaxWall, the same study is not refused (no trial run: --dry-run stops before
     # sacctmgr, so the check itself is called here).
     from hpo.config import load_study
-    from hpo.dispatch.preflight import check_qos_wall
+    from hpo.slurm.preflight import check_qos_wall
 
     document = study_document(
         "qos-ok", tmp_path / "ok", resources={"executor": "slurm", "time": "5m", "qos": "short5"}

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpo.config.values import parse_duration_min
-from hpo.dispatch import preflight
-from hpo.slurm import accounting, jobs, limits
+from hpo.slurm import accounting, jobs, limits, preflight
 
 pytestmark = pytest.mark.fast  # no cluster, no database, no training: `make test-fast`
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from hpo.budget.usage import Usage
 from hpo.executors import jobs
-from hpo.executors.base import Log
+from hpo.executors.base import JobShape, Log, SiteRoom
+from hpo.executors.this_machine import check_runs_here
 from hpo.paths import private_dir
 from hpo_fifo import queue
 from hpo_fifo.submitit_plugin import FifoJob, FifoSubmitit
@@ -30,7 +31,6 @@ class FifoExecutor:
     outlives_trial: ClassVar[bool] = True
     on_this_machine: ClassVar[bool] = True
     queue_name: ClassVar[str] = "FIFO"
-    site_limited: ClassVar[bool] = False
 
     def __init__(self, log: Log | None = None) -> None:
         self._log = log
@@ -105,8 +105,15 @@ class FifoExecutor:
         names = {jobs.job_name(spec, role) for role in jobs.JOB_ROLES}
         return [r["id"] for r in queue.jobs() if r["state"] in queue.ACTIVE and r["name"] in names]
 
-    def check_ready(self, spec: StudySpec) -> None:
+    def preflight(self, spec: StudySpec, shape: JobShape) -> None:
         queue.spool()  # made here if it is not yet: a spool that cannot be made raises
+        check_runs_here(spec)  # its jobs run on this machine: the service's checks for that
+
+    def site_room(self, spec: StudySpec, wanted_jobs: int, job_array: bool) -> SiteRoom:
+        return SiteRoom(wanted_jobs, "", False)  # the queue limits how many run, not how many wait
+
+    def job_time_limit(self, spec: StudySpec, wanted_min: int, what: str, log: Log) -> int:
+        return wanted_min
 
     def interrupted_line(self, numbers: str) -> str:
         return (f"launcher stopped; trials {numbers} keep running in the FIFO queue: `hpo launch` again "
@@ -119,8 +126,17 @@ class FifoExecutor:
     def identity(self) -> tuple[str, str]:
         return os.environ[queue.JOB_ID_ENV], socket.gethostname()
 
+    def current_job(self) -> str | None:
+        return os.environ.get(queue.JOB_ID_ENV)
+
     def rank(self) -> int:
         return 0  # one process per job
+
+    def restart_count(self) -> int:
+        return 0  # the queue never requeues a job
+
+    def leave_step(self) -> None:
+        return None  # a job is one process: no step to leave
 
     def allocation(self, spec: StudySpec, share: int) -> tuple[float, float]:
         return 0.0, spec.resources.job_cpus_per_task / share
