@@ -19,6 +19,11 @@ A rule that holds says "not now": a running trial's end may open the study again
 after it still answers (the budget spent is no reason to wait). A new rule is one function here,
 listed in ``RULES``.
 
+Capacity is decided here too, the same way for every backend: how many of ``n_trials`` remain to
+be started (:func:`trials_left`), how many more may run beside those in flight
+(:func:`room_in_flight`), whether a worker's trial came past the budget (:func:`is_surplus`), and
+what the site's limits on a user's jobs leave the launch (:func:`fit_to_site`, from the executor).
+
 :func:`decide` does not write to the study (the Terminator aside: ``stopping.check`` keeps each of its
 evaluations). Its callers act on the answer, each its own way; the launchers' share of that (the
 cancel acknowledged to ``hpo cancel``, a verdict stored and said once, the budget said once) is
@@ -34,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from hpo import study_record
+from hpo import study_record, tally
 from hpo.budget import compute, failing, stopping
 from hpo.budget.usage import format_hours
 
@@ -366,6 +371,26 @@ class Gate:
         elif answer.kind == BUDGET and not self._budget_said:
             self._budget_said = True
             self.log(f"{answer.reason}: submitting no more trials")
+
+
+def trials_left(spec: StudySpec, study: optuna.Study) -> int:
+    """How many of ``n_trials`` are still to be started, for every way of running trials: a retry
+    takes the place of the trial it retries, an enqueued trial counts once it starts, a trial
+    closed unrun or imported does not count (``hpo.tally.counted_trials``)."""
+    return max(0, spec.study.n_trials - tally.started_count(study))
+
+
+def room_in_flight(spec: StudySpec, in_flight: int) -> int:
+    """How many more trials may run now beside the ``in_flight`` ones: ``max_concurrent``, as
+    :func:`fit_to_site` left it."""
+    return max(0, spec.study.max_concurrent - in_flight)
+
+
+def is_surplus(spec: StudySpec, study: optuna.Study, trial: optuna.trial.BaseTrial) -> bool:
+    """Whether a trial just asked is past ``n_trials``: several workers may ask at the same moment
+    for the last one, and the trial numbers decide (the later ones are closed unrun)."""
+    earlier = [t for t in tally.counted_trials(study) if t.number < trial.number]
+    return len(earlier) >= spec.study.n_trials
 
 
 @dataclasses.dataclass(frozen=True)

@@ -346,10 +346,6 @@ class Dispatcher:
                 + (" (not retried: no rerun changes it)" if permanent else "")
             )
 
-    def _counted(self) -> int:
-
-        return sum(1 for t in tally.counted_trials(self.study) if t.state != optuna.trial.TrialState.WAITING)
-
     # --- --workers ----------------------------------------------------------------------------
     def _queue_retries(self) -> None:
         queue_retries(self.study, self.spec, self.log)

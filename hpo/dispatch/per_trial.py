@@ -10,6 +10,7 @@ from typing import Any
 import optuna
 
 from hpo import record, tally
+from hpo.budget import admission
 from hpo.dispatch.common import Deferral, Dispatcher, InFlight, signals_deferred
 from hpo.errors import LaunchError, NotReadyError, one_line
 from hpo.executors import jobs
@@ -52,16 +53,15 @@ class PerTrialDispatcher(Dispatcher):
     def _round(self, executor: Any) -> bool:
         """Collect the trials that ended, submit new ones; True once the study is done."""
         self._collect_finished()
-        budget_left = self.spec.study.n_trials - self._counted()
+        budget_left = admission.trials_left(self.spec, self.study)
         # Admission is asked before every submission: a cancel during a slow sbatch stops the next.
         while (
             budget_left > 0
-            and len(self.in_flight) < self.spec.study.max_concurrent
+            and (room := admission.room_in_flight(self.spec, len(self.in_flight))) > 0
             and self._accepting().open
         ):
-            room = self.spec.study.max_concurrent - len(self.in_flight)
             self._submit(executor, min(self.spec.resources.trials_per_gpu, budget_left, room))
-            budget_left = self.spec.study.n_trials - self._counted()
+            budget_left = admission.trials_left(self.spec, self.study)
         accepting = self._accepting().open
         if not self.in_flight and (budget_left <= 0 or not accepting):
             if not accepting and budget_left > 0:

@@ -10,6 +10,7 @@ from typing import Any
 import optuna
 
 from hpo import record, tally
+from hpo.budget import admission
 from hpo.dispatch.common import Dispatcher, InFlight, signals_deferred, worker_entry
 from hpo.errors import LaunchError, one_line
 from hpo.executors import jobs
@@ -37,9 +38,9 @@ class WorkerDispatcher(Dispatcher):
         if adopted:
             self.log(f"{len(adopted)} workers of an earlier launch still run: {', '.join(sorted(live))}")
         seen = {t.number for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()}
-        while self._counted() < self.spec.study.n_trials and self._accepting().open:
+        while admission.trials_left(self.spec, self.study) > 0 and self._accepting().open:
             running = len(adopted) * self.spec.resources.trials_per_gpu  # workers per job
-            wanted = min(count - running, self.spec.study.n_trials - self._counted())
+            wanted = min(count - running, admission.trials_left(self.spec, self.study))
             if self.claim is not None:
                 self.claim.confirm()
             submitted = self._submit_workers(wanted) if wanted > 0 else []
@@ -58,7 +59,7 @@ class WorkerDispatcher(Dispatcher):
             self._fail_orphans(watched)
             seen = self._report_new(seen)
             adopted = []  # the earlier launch's workers are not waited for twice
-            if len(seen) == finished_before and self._counted() < self.spec.study.n_trials:
+            if len(seen) == finished_before and admission.trials_left(self.spec, self.study) > 0:
                 raise LaunchError(
                     f"{len(watched)} workers ended without finishing a trial; see their logs in {jobs.jobs_folder(self.spec)}"
                 )
@@ -66,7 +67,7 @@ class WorkerDispatcher(Dispatcher):
     def _submit_workers(self, count: int) -> list[Any]:
         res = self.spec.resources
         # Enough time for the worker's share of the budget, within the study's timeout if any.
-        share = math.ceil((self.spec.study.n_trials - self._counted()) / count)
+        share = math.ceil(admission.trials_left(self.spec, self.study) / count)
         time_min = res.worker_time_min or min(24 * 60, res.time_min * share)
         if self.deadline is not None:
             time_min = max(

@@ -62,7 +62,7 @@ class WorkerTask:
         budget = compute.BudgetGate(self.spec, study, keep=False)  # the launcher stores the figure
         job_end = None if self.time_limit_min is None else job_started + 60 * self.time_limit_min
         ran = 0
-        while tally.started_count(study) < self.spec.study.n_trials:  # enqueued ones count once run
+        while admission.trials_left(self.spec, study) > 0:
             answer = self._admission(study, budget, job_end, longest_trial_s)
             if answer.holds:
                 # Fail fast's hold ends when another worker's trial ends; the budget's when a trial
@@ -74,10 +74,7 @@ class WorkerTask:
                 break
             trial = study.ask(space)
             retries.inherit_checkpoint(self.spec, trial)
-            # Several workers may ask at the same moment for the last slot: the trial numbers
-            # decide, and a surplus trial is closed unrun so that the budget is exact.
-            earlier = [t for t in tally.counted_trials(study) if t.number < trial.number]
-            if len(earlier) >= self.spec.study.n_trials:
+            if admission.is_surplus(self.spec, study, trial):  # closed unrun: the budget is exact
                 record.mark_surplus(study, trial)
                 break
             record.set_attrs(trial, record.placement(executors.here().name, record.DispatchMode.WORKERS))

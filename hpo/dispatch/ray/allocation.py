@@ -58,10 +58,10 @@ def _launch_on_slurm(
     if job is not None and not probe.ended(str(job_id), job):
         log(f"the study's Ray job {job_id} is still running: following it")
     else:
-        counted = tally.started_count(study)
-        if counted >= spec.study.n_trials or _closed_before_submission(spec, study, log):
+        remaining = admission.trials_left(spec, study)
+        if remaining == 0 or _closed_before_submission(spec, study, log):
             return study
-        job = _submit(spec, storage, objective, spec.study.n_trials - counted, probe, log)
+        job = _submit(spec, storage, objective, remaining, probe, log)
         study_record.set_ray_job(study, str(job.job_id))
     _follow(spec, study, job, probe, log)
     return study

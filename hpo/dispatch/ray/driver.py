@@ -208,7 +208,7 @@ def run(
     study_record.clear_failing_stop(study)  # an earlier launch's verdict: this one judges its own trials
     warm_start.apply(spec, study, planned, log)
     study_record.enqueue_first_trials(study, portfolio.first_trials(study, spec))
-    remaining = spec.study.n_trials - tally.started_count(study)
+    remaining = admission.trials_left(spec, study)
     log(f"study {spec.study.name!r}: {spec.study.n_trials - remaining} of {spec.study.n_trials} trials stored"
         + (f" ({leftovers} left running by an ended Ray job, now failed)" if leftovers else ""))  # fmt: skip
     if remaining == spec.study.n_trials and (said := portfolio.coverage_line(spec)):
