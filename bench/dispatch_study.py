@@ -26,7 +26,7 @@ def study_file(
         "resources": {"executor": "slurm", "cpus_per_task": 1, "time": "30m"},
     }
     if partition:
-        document["resources"]["partition"] = partition
+        document["resources"]["slurm"] = {"partition": partition}
     if ray:  # one allocation of both nodes, the K trials spread over them
         document["study"]["backend"] = "ray"
         document["resources"]["nodes"] = 2

@@ -159,7 +159,10 @@ def _print_dry_run(spec: StudySpec, storage: StorageRef, executor: str) -> None:
         **(
             {"objective": dataclasses.asdict(spec.objective)} if spec.objective else {"trainer": spec.trainer}
         ),
-        "resources": dataclasses.asdict(spec.resources),
+        "resources": {
+            **dataclasses.asdict(spec.resources),
+            **{name: dataclasses.asdict(section) for name, section in spec.executor_settings.items()},
+        },
     }
     print(f"# {spec.source}, resolved (workdir {spec.workdir})")
     print(yaml.safe_dump(document, sort_keys=False).rstrip())

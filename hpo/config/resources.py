@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from hpo.config.values import (
@@ -49,15 +48,10 @@ class Resources:
         None,
         "Time limit of a --workers job (default: time x its share of the trials, at most 24 h).",
     )
-    partition: str | None = field(None, "Slurm partition.")
-    account: str | None = field(None, "Slurm account (--account).")
-    qos: str | None = field(None, "Slurm QoS (--qos).")
-    constraint: str | None = field(None, "Slurm node constraint (--constraint), e.g. a100 or h100.")
     setup: list[str] = field(
         factory=list,
         help="Shell lines run in the job before the trial (module load ..., conda activate ...).",
     )
-    sbatch: dict[str, Any] = field(factory=dict, help="Extra sbatch options, e.g. {hint: nomultithread}.")
     python: str | None = field(None, "Python interpreter on the compute nodes (default: this one).")
 
     def __post_init__(self) -> None:
@@ -69,9 +63,6 @@ class Resources:
         parse_duration_min("time", self.time)
         if self.worker_time is not None:
             parse_duration_min("worker_time", self.worker_time)
-        _check_placement(self.partition, self.account, self.qos, self.sbatch)
-        if self.constraint is not None and not re.fullmatch(r"[A-Za-z0-9_.\-&|\[\]*:()!]+", self.constraint):
-            raise KeyProblem("constraint", f"is not a Slurm constraint expression: {self.constraint!r}")
         for index, line in enumerate(self.setup):
             check_simple_command(f"setup[{index}]", line)
         if self.executor == "local" and self.nodes > 1:
@@ -115,7 +106,7 @@ class Resources:
         return None if self.mem_gb is None else self.mem_gb * self.trials_per_gpu
 
 
-def _check_placement(
+def check_placement(
     partition: str | None, account: str | None, qos: str | None, sbatch: dict[str, Any]
 ) -> None:
     """Names that go into a job script: nothing that needs quoting, one line each."""
@@ -149,7 +140,7 @@ class LauncherSection:
     sbatch: dict[str, Any] = field(factory=dict, help="Extra sbatch options of the launcher's job.")
 
     def __post_init__(self) -> None:
-        _check_placement(self.partition, self.account, self.qos, self.sbatch)
+        check_placement(self.partition, self.account, self.qos, self.sbatch)
         parse_duration_min("time", self.time)
 
     @property

@@ -38,6 +38,7 @@ from trainer.fields import KeyProblem, build, config_dataclass, field, join, kin
 if TYPE_CHECKING:
     from pydantic.json_schema import CoreSchemaOrField
 
+from hpo.config import executor_sections
 from hpo.config.fields import check_keys
 from hpo.config.objective_section import ObjectiveSection
 from hpo.config.resources import LauncherSection, Resources
@@ -50,6 +51,7 @@ from hpo.config.study_section import (
     StudySection,
 )
 from hpo.config.values import METRICS, NAME, PRUNERS, RAY_ONLY_PRUNERS, VARIABLE
+from hpo.executors import executor_class
 
 _Section = TypeVar("_Section")
 
@@ -70,6 +72,8 @@ class StudySpec:
     """Where the objective runs: objective.cwd resolved against the study file's folder."""
     warnings: list[str] = dataclasses.field(default_factory=list)
     """What the launch says before it starts, without refusing (a parameter the command never names)."""
+    executor_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Each executor's own section of resources, read by its class (``resources.slurm``)."""
     search_defaults: tuple[bool, Literal["named", "default", "options"]] = (False, "named")
     """Whether the sampler is the measured default's (the file names none), and where the pruner
     comes from: named in the file, the default (none), or options without a name (median from 4/9)."""
@@ -194,7 +198,7 @@ def build_spec(document: dict[str, Any], source: str) -> StudySpec:
         # Optuna cannot prune a Pareto study: no pruner rather than an error.
         study_doc = {**study_doc, "pruner": {"name": "none"}}
         pruner_options = None
-    spec = _build_spec(document, source, _section(StudySection, study_doc, "study"))
+    spec = _build_with_executor_sections(document, source, _section(StudySection, study_doc, "study"))
     spec.search_defaults = (
         unnamed_sampler,
         "named" if not unnamed_pruner else "options" if pruner_options else "default",
@@ -214,7 +218,7 @@ def build_spec(document: dict[str, Any], source: str) -> StudySpec:
                 "a full run's steps) may stop a trial from its first report; set it to the step of a "
                 "full run's last report"
             )
-    if unused := _scheduler_keys_unused(spec.resources):
+    if unused := _scheduler_keys_unused(spec):
         spec.warnings.append(
             f"{source}: resources.executor is local, so {', '.join(unused)} "
             f"{'is' if len(unused) == 1 else 'are'} not used: every trial runs on this machine "
@@ -223,16 +227,27 @@ def build_spec(document: dict[str, Any], source: str) -> StudySpec:
     return spec
 
 
-SCHEDULER_KEYS = ("partition", "account", "qos", "constraint", "sbatch", "setup", "worker_time")
-"""Keys of the resources section that only a Slurm job reads."""
+SCHEDULER_KEYS = ("setup", "worker_time")
+"""Keys of the resources section that only a job on a cluster reads."""
 
 
-def _scheduler_keys_unused(resources: Resources) -> list[str]:
-    """The Slurm-only keys a study file set while its trials run here (a forgotten
+def _scheduler_keys_unused(spec: StudySpec) -> list[str]:
+    """The cluster-only keys a study file set while its trials run here (a forgotten
     ``executor: slurm``: the GPUs, account and partition given, every trial local)."""
-    if resources.executor != "local":
+    if spec.resources.executor != "local":
         return []
-    return [f"resources.{key}" for key in SCHEDULER_KEYS if getattr(resources, key)]
+    sections = [f"resources.{name}" for name in spec.executor_settings]
+    return sections + [f"resources.{key}" for key in SCHEDULER_KEYS if getattr(spec.resources, key)]
+
+
+def _build_with_executor_sections(document: dict[str, Any], source: str, study: StudySection) -> StudySpec:
+    """:func:`_build_spec` of the document without the executors' own sections, which their
+    classes read (``hpo.config.executor_sections``)."""
+    resources_doc, settings, notes = executor_sections.split(document.get("resources"), source)
+    spec = _build_spec({**document, "resources": resources_doc}, source, study)
+    spec.executor_settings = settings
+    spec.warnings[:0] = notes
+    return spec
 
 
 def _build_spec(document: dict[str, Any], source: str, study: StudySection) -> StudySpec:
@@ -477,7 +492,32 @@ def json_schema() -> dict[str, Any]:
             "study": {"properties": {"metric": _or_variable({"enum": list(METRICS)})}},
         }
     }
+    _add_executor_sections(schema)
     return {"$schema": GenerateJsonSchema.schema_dialect, **schema, "title": "hpo study file"}
+
+
+def _add_executor_sections(schema: dict[str, Any]) -> None:
+    """The built-in executors' own sections of resources (``resources.slurm``), from the classes that
+    read them, and their former keys directly under resources, marked deprecated. An installed
+    plugin's section is read the same way, but the committed schema is this project's alone."""
+    resources = schema["$defs"]["Resources"]["properties"]
+    for name in BUILT_IN_EXECUTORS:
+        cls = executor_class(name)
+        if cls.settings is None:
+            continue
+        section = TypeAdapter(cls.settings).json_schema(schema_generator=_StudyFileSchema)
+        schema["$defs"].update(section.pop("$defs", {}))
+        resources[name] = {**section, "description": f"The {cls.queue_name} executor's own keys."}
+        for key in cls.former_keys:
+            resources[key] = {
+                **section["properties"][key],
+                "deprecated": True,
+                "description": f"Read as resources.{name}.{key}, its place now.",
+            }
+
+
+BUILT_IN_EXECUTORS = ("local", "slurm")
+"""The executors this project registers (pyproject.toml); a test holds the two equal."""
 
 
 class _StudyFileSchema(GenerateJsonSchema):

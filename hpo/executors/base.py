@@ -58,6 +58,10 @@ class Executor(Protocol):
     """Whether its jobs run on the launcher's machine (its cores, its data, no shared folder)."""
     queue_name: ClassVar[str]
     """How its messages name it ("Slurm")."""
+    settings: ClassVar[type[Any] | None]
+    """The config dataclass of its own section of resources (``resources.slurm``); None: none."""
+    former_keys: ClassVar[tuple[str, ...]]
+    """Keys of its section that an older study file has directly under resources (read there too)."""
 
     def __init__(self, log: Log | None = None) -> None:
         """``log``: where it says what its jobs' states leave in doubt (a launch's log)."""

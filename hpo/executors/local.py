@@ -71,6 +71,8 @@ class LocalExecutor:
     outlives_trial: ClassVar[bool] = False
     on_this_machine: ClassVar[bool] = True
     queue_name: ClassVar[str] = "this machine"
+    settings: ClassVar[type[Any] | None] = None
+    former_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, log: Log | None = None) -> None:
         pass

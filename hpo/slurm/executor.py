@@ -20,6 +20,7 @@ from hpo.executors.base import JobShape, Log, SiteRoom
 from hpo.journal import shared_filesystem_warning
 from hpo.slurm import accounting, preflight, site
 from hpo.slurm import jobs as slurm_jobs
+from hpo.slurm.settings import SlurmSettings
 from hpo.storage import storage_file
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ class SlurmExecutor:
     outlives_trial: ClassVar[bool] = True
     on_this_machine: ClassVar[bool] = False
     queue_name: ClassVar[str] = "Slurm"
+    settings: ClassVar[type[Any] | None] = SlurmSettings
+    former_keys: ClassVar[tuple[str, ...]] = ("partition", "account", "qos", "constraint", "sbatch")
 
     def __init__(self, log: Log | None = None) -> None:
         self._log = log

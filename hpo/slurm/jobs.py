@@ -28,6 +28,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 from hpo.errors import LaunchError, one_line
 from hpo.executors.jobs import JOB_ROLES, SUBMIT_MODULE, job_name, jobs_folder
 from hpo.paths import private_dir
+from hpo.slurm import settings
 
 T = TypeVar("T")
 
@@ -111,7 +112,7 @@ def slurm_parameters(
     time_min: int | None = None,
     direct: bool = False,
 ) -> dict[str, Any]:
-    res = spec.resources
+    res, slurm = spec.resources, settings.of(spec)
     params: dict[str, Any] = {
         "job_name": job_name,
         "time": time_min or res.time_min,
@@ -125,7 +126,7 @@ def slurm_parameters(
         # Requeueable: after a preemption, a node failure, `scontrol requeue`, or submitit's
         # requeue at the time limit, the job runs again and resumes its trial from its checkpoint
         # (submitit's --open-mode=append keeps the earlier runs' logs).
-        "additional_parameters": {"requeue": True, **res.sbatch},
+        "additional_parameters": {"requeue": True, **slurm.sbatch},
     }
     if direct:
         params["use_srun"] = False
@@ -133,14 +134,14 @@ def slurm_parameters(
         params["additional_parameters"] = {
             "requeue": True,
             "signal": f"B:USR2@{SIGNAL_DELAY_S}",
-            **res.sbatch,
+            **slurm.sbatch,
         }
     if res.gpus_per_node:
         params["gpus_per_node"] = res.gpus_per_node
     if res.job_mem_gb is not None:
         params["mem"] = f"{int(res.job_mem_gb * 1024)}MB"
     for key in ("partition", "account", "qos", "constraint"):
-        value = getattr(res, key)
+        value = getattr(slurm, key)
         if value is not None:
             params[key] = value
     if array_parallelism is not None:

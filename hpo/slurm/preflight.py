@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from hpo.config import parse_duration_min
 from hpo.errors import NotReadyError, StudyFileError
-from hpo.slurm import limits
+from hpo.slurm import limits, settings
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -21,7 +21,7 @@ def check_qos_wall(spec: StudySpec) -> None:
     """Refuse a trial whose time limit is longer than its QoS allows (sacctmgr's MaxWall): Slurm
     would leave every such job pending (QOSMaxWallDurationPerJobLimit) or reject it."""
 
-    qos = spec.resources.qos
+    qos = settings.of(spec).qos
     if not qos:
         return
     walls = limits.qos_walls()
@@ -29,7 +29,7 @@ def check_qos_wall(spec: StudySpec) -> None:
         return  # no accounting to ask: let sbatch judge
     if qos not in walls:
         raise StudyFileError(
-            f"{spec.source}: resources.qos: no QoS {qos!r} on this cluster; it has {', '.join(sorted(walls))}"
+            f"{spec.source}: resources.slurm.qos: no QoS {qos!r} on this cluster; it has {', '.join(sorted(walls))}"
         )
     wall = walls[qos].strip()
     if not wall:
@@ -58,19 +58,20 @@ def parse_node_capacity(out: str, partition: str | None) -> dict[str, tuple[int,
 
 def check_partition_capacity(spec: StudySpec, shape: JobShape) -> None:
     """Refuse, before submitting, a job that the partition can never run (it would pend forever)."""
+    partition = settings.of(spec).partition
     args = ["sinfo", "-h", "-N", "-o", "%N|%c|%G|%P"]
-    if spec.resources.partition:
-        args += ["-p", spec.resources.partition]
+    if partition:
+        args += ["-p", partition]
     try:
         out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return  # no sinfo answer: let sbatch judge
-    capacity = parse_node_capacity(out, spec.resources.partition)
-    where = f"partition {spec.resources.partition}" if spec.resources.partition else "the default partition"
+    capacity = parse_node_capacity(out, partition)
+    where = f"partition {partition}" if partition else "the default partition"
     if not capacity:
         raise NotReadyError(
-            f"{spec.source}: resources.partition: {where} has no nodes",
-            "`sinfo -s` lists the partitions; set resources.partition",
+            f"{spec.source}: resources.slurm.partition: {where} has no nodes",
+            "`sinfo -s` lists the partitions; set resources.slurm.partition",
         )
     nodes, gpus_per_node, cpus_per_node = shape.nodes, shape.gpus_per_node, shape.cpus_per_node
     fitting = [n for n, (cpus, gpus) in capacity.items() if cpus >= cpus_per_node and gpus >= gpus_per_node]
@@ -87,5 +88,5 @@ def check_partition_capacity(spec: StudySpec, shape: JobShape) -> None:
             f"{spec.source}: resources: a job needs {nodes} nodes with {gpus_per_node} GPUs and "
             f"{cpus_per_node} CPUs each{packed}; {where} has {len(capacity)} nodes, {len(fitting)} of them "
             f"big enough (at most {most_gpus} GPUs and {most_cpus} CPUs per node)",
-            "ask for less in resources, or choose another resources.partition",
+            "ask for less in resources, or choose another resources.slurm.partition",
         )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from hpo.errors import NotReadyError
 from hpo.executors import jobs
 from hpo.executors.base import Log, SiteRoom
-from hpo.slurm import limits
+from hpo.slurm import limits, settings
 
 if TYPE_CHECKING:
     from hpo.config import StudySpec
@@ -21,7 +21,8 @@ def room(spec: StudySpec, wanted_jobs: int, job_array: bool) -> SiteRoom:
     refusing limit leaves it none."""
     own = {jobs.job_name(spec), jobs.job_name(spec, "worker")}  # the jobs a launch re-adopts
     allowed, why, at_limit = wanted_jobs, "", False
-    for limit in limits.job_limits(spec.resources.qos, spec.resources.account):
+    slurm = settings.of(spec)
+    for limit in limits.job_limits(slurm.qos, slurm.account):
         others = limits.users_other_jobs(limit, own) or 0
         left = limit.jobs - others
         besides = f" ({others} other jobs already count against it)" if others else ""
@@ -29,7 +30,7 @@ def room(spec: StudySpec, wanted_jobs: int, job_array: bool) -> SiteRoom:
             raise NotReadyError(
                 f"{spec.source}: resources: {limit.name} is {limit.jobs} and {others} jobs already count "
                 "against it: Slurm would refuse this study's first job",
-                "wait for some of them to end, or choose another resources.qos",
+                "wait for some of them to end, or choose another resources.slurm.qos",
             )
         if left <= allowed:
             at_limit = at_limit or limit.refused
@@ -46,8 +47,8 @@ def job_time_min(spec: StudySpec, wanted_min: int, what: str, log: Log) -> int:
     """A job's computed time limit (a --workers job's, the Ray allocation's) within the longest the
     site lets a job ask for, said in one line where it lowers it: a longer one is refused or pends
     forever. Never below a trial's own time (pre-flight refuses a trial longer than the limit)."""
-    res = spec.resources
-    longest = limits.longest_job_min(res.qos, res.partition, res.account)
+    slurm = settings.of(spec)
+    longest = limits.longest_job_min(slurm.qos, slurm.partition, slurm.account)
     if longest is None or wanted_min <= longest[0]:
         return wanted_min
     minutes = max(int(longest[0]), spec.resources.time_min)

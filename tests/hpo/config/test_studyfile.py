@@ -24,6 +24,7 @@ from hpo.config import load_study
 from hpo.config.values import parse_duration_min
 from hpo.errors import StudyFileError
 from hpo.executors import jobs
+from hpo.slurm import settings as slurm_settings
 from hpo.storage import StorageRef, has_password, mask, resolve_storage
 from trainer.fields import KeyProblem
 from trainer.yamlfile import load_yaml_mapping
@@ -116,7 +117,7 @@ def test_quickstart_loads_with_resolved_values(tmp_path: Path, monkeypatch: pyte
     assert spec.search_space["final_div_factor"].high == 1e4
     assert spec.resources.executor == "local"
     assert spec.resources.time_min == 20
-    assert spec.resources.setup == [] and spec.resources.sbatch == {}
+    assert spec.resources.setup == [] and slurm_settings.of(spec).sbatch == {}
     assert spec.workdir == tmp_path / "runs" / "quickstart"
     assert spec.trainer_config(spec.study.enqueue[0]).batch_size == 128
     assert not (tmp_path / "runs").exists()  # loading creates nothing
@@ -288,6 +289,11 @@ CORPUS = [
     pytest.param(Bad(("resources.sbatch.Mail-Type", "long option name"), {"resources.sbatch": {"Mail-Type": "END"}}), id="sbatch-uppercase"),
     pytest.param(Bad(("resources.sbatch.mail type", "long option name"), {"resources.sbatch": {"mail type": "END"}}), id="sbatch-space"),
     pytest.param(Bad(("resources.sbatch.comment", "single line"), {"resources.sbatch": {"comment": "a\n#SBATCH --x"}}), id="sbatch-value-newline"),
+    # The same keys in their own section now: named there.
+    pytest.param(Bad(("resources.slurm.partition", "may contain only"), {"resources.slurm": {"partition": "gpu'"}}), id="slurm-partition-quote"),
+    pytest.param(Bad(("resources.slurm.sbatch.Mail-Type", "long option name"), {"resources.slurm": {"sbatch": {"Mail-Type": "END"}}}), id="slurm-sbatch-uppercase"),
+    pytest.param(Bad(("resources.slurm.nodes", "unknown key"), {"resources.slurm": {"nodes": 2}}), id="slurm-unknown-key"),
+    pytest.param(Bad(("resources.qos", "also set as resources.slurm.qos"), {"resources.qos": "a", "resources.slurm": {"qos": "b"}}), id="slurm-key-twice"),
     pytest.param(Bad(("study.enqueue[0]", "'momentum' is not in search_space"), {"study.enqueue": [{"lr": 0.1, "momentum": 0.5}]}), id="enqueue-unsearched"),
     pytest.param(Bad(("study.enqueue[0]", "pct_start"), {"study.enqueue": [{"pct_start": 2.0}]}), id="enqueue-invalid-value"),
     pytest.param(Bad(("(--set study.enqueue)", "study.enqueue[0]", "'momentum'"), args=("--set", "study.enqueue=[{momentum: 0.5}]")), id="set-enqueue-unsearched"),
@@ -404,19 +410,24 @@ def test_interpolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "study": {"name": "interp", "storage": "journal:${HPO_TEST_DIR}/s.journal"},
         "search_space": {"lr": {"type": "float", "low": 0.01, "high": 1.0}},
         "resources": {
-            "account": "${HPO_TEST_ACCOUNT}",
-            "partition": "${HPO_TEST_PARTITION:-gpu}",
-            "qos": "${" + UNSET + ":-normal}",
-            "constraint": "${" + UNSET + ":-}h100",
+            "slurm": {
+                "account": "${HPO_TEST_ACCOUNT}",
+                "partition": "${HPO_TEST_PARTITION:-gpu}",
+                "qos": "${" + UNSET + ":-normal}",
+                "constraint": "${" + UNSET + ":-}h100",
+            },
             "setup": ["echo $$HOME", "echo $${HPO_TEST_ACCOUNT} ${HPO_TEST_ACCOUNT}-$$"],
         },
     }
     spec = load_study(write_study(tmp_path / "s.yaml", document))
     assert spec.study.storage == f"journal:{tmp_path}/studies/s.journal"
-    assert spec.resources.account == "proj42"
-    assert spec.resources.partition == "a100"
-    assert spec.resources.qos == "normal"
-    assert spec.resources.constraint == "h100"
+    slurm = slurm_settings.of(spec)
+    assert (slurm.account, slurm.partition, slurm.qos, slurm.constraint) == (
+        "proj42",
+        "a100",
+        "normal",
+        "h100",
+    )
     assert spec.resources.setup == ["echo $HOME", "echo ${HPO_TEST_ACCOUNT} proj42-$"]
 
 
@@ -462,7 +473,7 @@ def test_set_values_are_yaml(tmp_path: Path) -> None:
             "study.max_concurrent=3",
             "resources.setup=[module load cuda, source env.sh]",
             "study.sampler={name: random, seed: 7}",
-            "resources.sbatch.mail-type=END",  # a new key under a missing mapping
+            "resources.slurm.sbatch.mail-type=END",  # a new key under missing mappings
             "resources.time=1:30:00",  # 90 minutes, not the sexagesimal 5400
             "study.timeout=",  # empty: null
         ],
@@ -471,7 +482,7 @@ def test_set_values_are_yaml(tmp_path: Path) -> None:
     assert spec.study.max_concurrent == 3
     assert spec.resources.setup == ["module load cuda", "source env.sh"]
     assert (spec.study.sampler.name, spec.study.sampler.seed, spec.study.sampler.options) == ("random", 7, {})
-    assert spec.resources.sbatch == {"mail-type": "END"}
+    assert slurm_settings.of(spec).sbatch == {"mail-type": "END"}
     assert spec.resources.time_min == 90
     assert spec.study.timeout is None
 
@@ -640,12 +651,12 @@ def test_mask_and_has_password() -> None:
 
 
 SLURM_DRY_RUN_SETTINGS = (
-    "resources.account=proj42",
-    "resources.qos=high",
-    "resources.constraint=a100|h100",
-    "resources.partition=gpu",
+    "resources.slurm.account=proj42",
+    "resources.slurm.qos=high",
+    "resources.slurm.constraint=a100|h100",
+    "resources.slurm.partition=gpu",
     "resources.setup=[module load cuda/12.4, source $HOME/venv/bin/activate]",
-    "resources.sbatch={mail-type: END}",
+    "resources.slurm.sbatch={mail-type: END}",
 )
 
 
@@ -742,17 +753,37 @@ def test_a_parameter_the_command_never_names_is_a_warning_not_an_error(tmp_path:
 def test_slurm_keys_with_the_local_executor_get_one_warning_line(tmp_path: Path) -> None:
     # A forgotten `executor: slurm`: the account, partition and setup given, every trial local.
     document = base_document(tmp_path, QUICKSTART)
-    document["resources"].update(partition="gpu_p5", account="abc@a100", setup=["module load pytorch"])
+    document["resources"].update(
+        slurm={"partition": "gpu_p5", "account": "abc@a100"}, setup=["module load pytorch"]
+    )
     study_file = write_study(tmp_path / "s.yaml", document)
     assert load_study(study_file).warnings == [
-        f"{study_file}: resources.executor is local, so resources.partition, resources.account, "
+        f"{study_file}: resources.executor is local, so resources.slurm, "
         "resources.setup are not used: every trial runs on this machine (set resources.executor: "
         "slurm, or launch with --executor slurm)"
     ]
     assert load_study(study_file, ["resources.executor=slurm"]).warnings == []
     dry = run_hpo_here("launch", str(study_file), "--dry-run", cwd=tmp_path)
     assert dry.returncode == 0 and dry.stderr.count("warning: ") == 1, dry.stderr
-    assert "resources.partition, resources.account, resources.setup are not used" in dry.stderr
+    assert "resources.slurm, resources.setup are not used" in dry.stderr
+
+
+@pytest.mark.fast
+def test_slurm_keys_directly_under_resources_are_read_with_one_note(tmp_path: Path) -> None:
+    """Where an older study file has them: read as resources.slurm's, the file still valid."""
+    document = base_document(tmp_path, QUICKSTART)
+    document["resources"].update(
+        executor="slurm", partition="gpu_p5", qos="dev", sbatch={"hint": "nomultithread"}
+    )
+    study_file = write_study(tmp_path / "s.yaml", document)
+    spec = load_study(study_file)
+    assert spec.warnings == [
+        f"{study_file}: resources.partition, resources.qos, resources.sbatch: read as "
+        "resources.slurm.partition, resources.slurm.qos, resources.slurm.sbatch, where they belong now; "
+        "move them there"
+    ]
+    slurm = slurm_settings.of(spec)
+    assert (slurm.partition, slurm.qos, slurm.sbatch) == ("gpu_p5", "dev", {"hint": "nomultithread"})
 
 
 @pytest.mark.fast

@@ -148,13 +148,13 @@ def test_a_trial_longer_than_its_qos_allows_is_refused_before_submission(
             "short5",
             "resources.time: 10m (10 min) is longer than QoS short5's MaxWall 00:05:00 (5 min)",
         ),
-        ("4m", "nosuch", "resources.qos: no QoS 'nosuch' on this cluster; it has dev3, normal, short5"),
+        ("4m", "nosuch", "resources.slurm.qos: no QoS 'nosuch' on this cluster; it has dev3, normal, short5"),
     ]
     for index, (time_limit, qos, problem) in enumerate(cases):
         document = study_document(
             f"qos-{index}",
             tmp_path / f"work{index}",
-            resources={"executor": "slurm", "time": time_limit, "qos": qos},
+            resources={"executor": "slurm", "time": time_limit, "slurm": {"qos": qos}},
         )
         study_file = write_study(tmp_path / f"study{index}.yaml", document)
         proc = launch(study_file, "--storage", local_cluster)
@@ -168,6 +168,6 @@ def test_a_trial_longer_than_its_qos_allows_is_refused_before_submission(
     from hpo.slurm.preflight import check_qos_wall
 
     document = study_document(
-        "qos-ok", tmp_path / "ok", resources={"executor": "slurm", "time": "5m", "qos": "short5"}
+        "qos-ok", tmp_path / "ok", resources={"executor": "slurm", "time": "5m", "slurm": {"qos": "short5"}}
     )
     check_qos_wall(load_study(write_study(tmp_path / "ok.yaml", document), []))

@@ -18,6 +18,7 @@ import pytest
 
 from hpo import executors, record
 from hpo.config import load_study
+from hpo.config.schema import BUILT_IN_EXECUTORS
 from hpo.config.values import BACKENDS
 from hpo.executors.base import Executor
 from tests.hpo.helpers import study_document, write_study
@@ -42,6 +43,7 @@ def test_the_built_in_executors_register_as_plugins_do() -> None:
         if point.group == executors.GROUP
     }
     assert ours == {"local": "hpo.executors.local:LocalExecutor", "slurm": "hpo.slurm.executor:SlurmExecutor"}
+    assert set(ours) == set(BUILT_IN_EXECUTORS)  # the committed schema's sections are theirs
     registered = {point.name for point in importlib.metadata.entry_points(group=executors.GROUP)}
     assert set(executors.names()) == registered >= set(ours)
 

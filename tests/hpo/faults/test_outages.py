@@ -174,7 +174,7 @@ def test_a_database_outage_at_any_moment_of_a_study_loses_and_doubles_nothing(
         epoch_s=4.0,
         study={"n_trials": 4, "enqueue": [], "pruner": {"name": "none"}},
         # n3 alone: a node of the shared partition may be lost by a fault test running beside this one.
-        resources={"executor": "slurm", "partition": "isolated"},
+        resources={"executor": "slurm", "slurm": {"partition": "isolated"}},
     )
     study_file = write_study(tmp_path / "study.yaml", document)
     stalls = Stalls(database)
@@ -364,7 +364,7 @@ def test_a_database_out_of_connections_is_waited_out(tmp_path: Path, server: Pri
         n_trials=6, max_concurrent=2, budget=1.0,
     )  # fmt: skip
     server.studies.append(document["study"]["name"])
-    document["resources"] = {"executor": "slurm", "partition": "isolated", "time": "10m"}
+    document["resources"] = {"executor": "slurm", "slurm": {"partition": "isolated"}, "time": "10m"}
     study_file = write_study(tmp_path / "study.yaml", document)
     launcher = launch_in_background(study_file, server.url)
     wait_for_trials(

@@ -42,9 +42,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "gpus_per_node": 4,
             "cpus_per_task": 10,
             "time": "1h",
-            "account": "abc@a100",
-            "qos": "qos_gpu_a100-dev",
-            "constraint": "a100",
+            "slurm": {"account": "abc@a100", "qos": "qos_gpu_a100-dev", "constraint": "a100"},
             "setup": ["module purge", "module load arch/a100 pytorch-gpu/py3/2.6.0"],
             "python": "/work/abc/venvs/hpo/bin/python",
         },
@@ -53,7 +51,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "workers-array": (
         {
             "executor": "slurm",
-            "partition": "gpu_p5",
+            "slurm": {"partition": "gpu_p5"},
             "gpus_per_node": 1,
             "cpus_per_task": 8,
             "time": "30m",

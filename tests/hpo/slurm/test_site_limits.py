@@ -140,7 +140,7 @@ def test_a_study_above_its_qos_job_limit_runs_inside_it(tmp_path: Path, mode: st
     document: dict[str, Any] = score_study(
         tmp_path, name, {"steps": 3, "function": "my_objective:objective"}, n_trials=6, max_concurrent=5
     )
-    document["resources"] = {"executor": "slurm", "time": "5m", "qos": "dev3"}
+    document["resources"] = {"executor": "slurm", "time": "5m", "slurm": {"qos": "dev3"}}
     study_file = write_study(tmp_path / "study.yaml", document)
     other = subprocess.run(
         ["sbatch", "--parsable", "--qos=dev3", "--job-name=not-the-study", "-o", "/dev/null", "--wrap", "sleep 600"],
@@ -180,7 +180,7 @@ def test_a_worker_jobs_time_limit_is_kept_within_the_qos_maxwall(tmp_path: Path,
     document: dict[str, Any] = score_study(
         tmp_path, name, {"steps": 2, "function": "my_objective:objective"}, n_trials=3, max_concurrent=1
     )
-    document["resources"] = {"executor": "slurm", "time": "2m", "qos": "short5"}
+    document["resources"] = {"executor": "slurm", "time": "2m", "slurm": {"qos": "short5"}}
     proc = run_hpo(
         "launch", str(write_study(tmp_path / "study.yaml", document)), "--workers", "1", timeout=600
     )

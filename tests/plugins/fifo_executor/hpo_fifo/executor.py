@@ -31,6 +31,8 @@ class FifoExecutor:
     outlives_trial: ClassVar[bool] = True
     on_this_machine: ClassVar[bool] = True
     queue_name: ClassVar[str] = "FIFO"
+    settings: ClassVar[type[Any] | None] = None  # the queue takes no options of its own
+    former_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, log: Log | None = None) -> None:
         self._log = log
