@@ -31,6 +31,8 @@ CANCEL_STALE_S = 900.0
 """A cancel request older than this no longer holds launches back (its `hpo cancel` was killed)."""
 STUDY_ATTR_RAY_JOB = "hpo_ray_job"
 """The Slurm job id of a Ray-backed study's latest allocation."""
+STUDY_ATTR_RAY_JOB_EXECUTOR = "hpo_ray_job_executor"
+"""The executor that runs it (studies whose allocations predate the attribute: Slurm's)."""
 STUDY_ATTR_RAY_JOBS = "hpo_ray_jobs"
 """Every Slurm allocation the Ray-backed study ran in (its compute budget counts their hours)."""
 STUDY_ATTR_SPENT_HOURS = "hpo_spent_hours"
@@ -77,8 +79,9 @@ def cancel_seen_at(study: optuna.Study) -> float:
     return float(study.user_attrs.get(STUDY_ATTR_CANCEL_SEEN_AT, 0.0))
 
 
-def set_ray_job(study: optuna.Study, job_id: str) -> None:
+def set_ray_job(study: optuna.Study, job_id: str, executor: str) -> None:
     study.set_user_attr(STUDY_ATTR_RAY_JOB, job_id)
+    study.set_user_attr(STUDY_ATTR_RAY_JOB_EXECUTOR, executor)
     jobs = ray_jobs(study)
     if job_id not in jobs:
         study.set_user_attr(STUDY_ATTR_RAY_JOBS, [*jobs, job_id])
@@ -94,6 +97,11 @@ def ray_jobs(study: optuna.Study) -> list[str]:
 def ray_job(study: optuna.Study) -> str | None:
     job = study.user_attrs.get(STUDY_ATTR_RAY_JOB)
     return str(job) if job else None
+
+
+def ray_job_executor(study: optuna.Study) -> str:
+    """The executor of the study's latest Ray allocation."""
+    return str(study.user_attrs.get(STUDY_ATTR_RAY_JOB_EXECUTOR) or "slurm")
 
 
 def set_up_failures(study: optuna.Study) -> list[int]:

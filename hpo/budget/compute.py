@@ -145,7 +145,7 @@ def _ray_allocation(
     to cost the allocation hours per finished trial so far, a running one half of that still."""
     assert spec.study.budget is not None
     unit = "GPU-hours" if spec.resources.gpus_per_node else "CPU-hours"
-    usage = executors.on_slurm().cost(job_ids).values()
+    usage = executors.get(spec.resources.executor).cost(job_ids).values()  # the allocations' executor
     if not usage:  # no accounting here (or not yet): the trials' own estimates
         estimate = measure(spec, trials)
         assert estimate is not None  # the study has a budget

@@ -49,7 +49,7 @@ def _cancel_requested(
     lines = []
     ray_job = study_record.ray_job(study)
     if ray_job:  # the one allocation of a Ray-backed study holds all its trials and its driver
-        executors.on_slurm().cancel(spec, str(ray_job))
+        executors.get(study_record.ray_job_executor(study)).cancel(spec, str(ray_job))
         lines.append(f"Ray job {ray_job}: cancelled")
     if holder is not None:
         deadline = time.monotonic() + CANCEL_WAIT_S

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 GROUP = "hpo.executors"
 """The entry-point group executors register under: ``<name> = "<module>:<class>"``."""
 
-__all__ = ["GROUP", "Executor", "executor_class", "get", "here", "names", "on_slurm", "queued"]
+__all__ = ["GROUP", "Executor", "executor_class", "get", "here", "names", "queued"]
 
 
 @functools.cache
@@ -66,11 +66,6 @@ def queued(spec: StudySpec) -> list[tuple[Executor, list[str]]]:
         if jobs:
             found.append((executor, jobs))
     return found
-
-
-def on_slurm(log: Log | None = None) -> Executor:
-    """The Slurm executor: the one that runs a launcher (``--detach``) and a Ray allocation."""
-    return get("slurm", log=log)
 
 
 def here() -> Executor:

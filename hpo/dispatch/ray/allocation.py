@@ -46,14 +46,19 @@ def run_on_ray(
     with lease.held(storage, spec.study.name):
         refuse_during_cancel(spec, study)
         refuse_live_jobs_of_other_modes(spec, study, record.DispatchMode.RAY)
-        return _launch_on_slurm(spec, storage, study, objective, log)
+        return _launch_in_allocation(spec, storage, study, objective, executor, log)
 
 
-def _launch_on_slurm(
-    spec: StudySpec, storage: StorageRef, study: optuna.Study, objective: Objective | None, log: Any
+def _launch_in_allocation(
+    spec: StudySpec,
+    storage: StorageRef,
+    study: optuna.Study,
+    objective: Objective | None,
+    executor: str,
+    log: Any,
 ) -> optuna.Study:
-    probe = executors.on_slurm(log)
     job_id = study_record.ray_job(study)
+    probe = executors.get(study_record.ray_job_executor(study) if job_id else executor, log)
     job = probe.job(spec, str(job_id)) if job_id else None
     if job is not None and not probe.ended(str(job_id), job):
         log(f"the study's Ray job {job_id} is still running: following it")
@@ -61,8 +66,9 @@ def _launch_on_slurm(
         remaining = admission.trials_left(spec, study)
         if remaining == 0 or _closed_before_submission(spec, study, log):
             return study
+        probe = executors.get(executor, log)
         job = _submit(spec, storage, objective, remaining, probe, log)
-        study_record.set_ray_job(study, str(job.job_id))
+        study_record.set_ray_job(study, str(job.job_id), probe.name)
     _follow(spec, study, job, probe, log)
     return study
 

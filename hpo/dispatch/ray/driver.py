@@ -170,9 +170,9 @@ def fail_leftovers(spec: StudySpec, study: optuna.Study) -> int:
     ]
     jobs = {str(t.user_attrs[record.ATTR_JOB_ID]): t for t in leftovers if record.ATTR_JOB_ID in t.user_attrs}
     others = {job: t for job, t in jobs.items() if job != this_job and not job.startswith("local-")}
-    slurm = executors.on_slurm() if others else None
     for job_id, trial in others.items():  # each job asked once, before any trial is failed
-        if slurm is not None and not slurm.ended(job_id, slurm.job(spec, job_id)):
+        runs_on = executors.get(record.executor_name(trial) or spec.resources.executor)
+        if not runs_on.ended(job_id, runs_on.job(spec, job_id)):
             raise NotReadyError(
                 f"study {spec.study.name!r}: its Ray job {job_id} still runs trial {trial.number}",
                 "relaunch with the same executor to follow it, or end it with `hpo cancel`",
