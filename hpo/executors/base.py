@@ -143,6 +143,10 @@ class Executor(Protocol):
     def identity(self) -> tuple[str, str]:
         """This process's job id and the nodes it runs on, as the trial records them."""
 
+    def node(self) -> str:
+        """The node this process runs on, as the executor names it (Slurm's node name, which may
+        differ from the host name)."""
+
     def current_job(self) -> str | None:
         """The id of the job this process runs in (an array task's as ``1562_3``); None outside one."""
 

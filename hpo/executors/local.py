@@ -151,6 +151,9 @@ class LocalExecutor:
     def identity(self) -> tuple[str, str]:
         return self.current_job() or str(os.getpid()), socket.gethostname()
 
+    def node(self) -> str:
+        return socket.gethostname()
+
     def current_job(self) -> str | None:
         return os.environ.get("SUBMITIT_LOCAL_JOB_ID")
 

@@ -8,6 +8,7 @@ import functools
 import os
 import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable, Iterable
 from datetime import datetime
@@ -137,6 +138,9 @@ class SlurmExecutor:
         job_id = self.current_job()
         assert job_id is not None, "identity() is asked in a Slurm job"
         return job_id, os.environ.get("SLURM_JOB_NODELIST", "")
+
+    def node(self) -> str:
+        return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
     def current_job(self) -> str | None:
         array = os.environ.get("SLURM_ARRAY_JOB_ID")

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import submitit
 
-from hpo import joblog
+from hpo import executors, joblog
 from hpo.dispatch.ray import driver
 from hpo.dispatch.ray import ports as ray_ports
 from hpo.storage import StorageRef
@@ -397,7 +397,7 @@ def _running(pid: int) -> bool:
 
 
 def _node_name() -> str:
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return executors.here().node()
 
 
 def _node_ip() -> str:

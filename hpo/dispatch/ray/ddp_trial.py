@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -214,7 +213,7 @@ class _TrainReporter:
         import ray.train
 
         if self.main:
-            node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+            node = executors.here().node()
             ray.train.report({**metrics.to_dict(), "node": node})  # Tune overwrites "hostname"
         else:
             ray.train.report({})

@@ -19,7 +19,6 @@ import dataclasses
 import math
 import os
 import shutil
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -102,7 +101,7 @@ def _trainable(config: dict[str, Any], spec: StudySpec, objective: Objective, pb
         checkpoint_before_report = pbt
 
         def report(self, metrics: EpochMetrics | StepReport) -> Decision:
-            node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+            node = executors.here().node()
             payload = {**metrics.to_dict(), "node": node}  # Tune overwrites "hostname"
             if pbt:
                 tune.report(payload, checkpoint=tune.Checkpoint.from_directory(str(own_checkpoint)))

@@ -68,7 +68,7 @@ def _names_in(node: ast.AST) -> bool:
     return any(isinstance(c, ast.Constant) and c.value in NAMES for c in ast.walk(node))
 
 
-SCHEDULER_VARIABLE = re.compile(r"^(SLURM|SUBMITIT)_\w+$")
+SCHEDULER_VARIABLE = re.compile(r"^(SLURM|SLURMD|SLURMCTLD|SUBMITIT)_\w+$")
 
 
 def _name_uses(source: str, name: str) -> list[str]:
@@ -126,9 +126,11 @@ def test_the_check_sees_comparisons_cases_tables_and_environment_reads() -> None
         "probe.py:1: a table keyed by names: {'slurm': submit_sbatch, 'local': start_process}"
     ]
     probe = 'job = os.environ.get("SLURM_JOB_ID")\nrank = os.environ["SUBMITIT_LOCAL_GLOBAL_RANK"]\n'
+    probe += 'node = os.environ.get("SLURMD_NODENAME")\n'
     assert _name_uses(probe, "probe.py") == [
         "probe.py:1: reads SLURM_JOB_ID",
         "probe.py:2: reads SUBMITIT_LOCAL_GLOBAL_RANK",
+        "probe.py:3: reads SLURMD_NODENAME",
     ]
     probe = 'a = kind == executor.name\nb = mode in (DispatchMode.RAY, None)\nc = ["slurm"]\nd = {"per_trial": 1, "lr": 2}\n'
     assert _name_uses(probe, "probe.py") == []  # through the registry; a name as data, or one field of many

@@ -128,6 +128,9 @@ class FifoExecutor:
     def identity(self) -> tuple[str, str]:
         return os.environ[queue.JOB_ID_ENV], socket.gethostname()
 
+    def node(self) -> str:
+        return socket.gethostname()
+
     def current_job(self) -> str | None:
         return os.environ.get(queue.JOB_ID_ENV)
 
