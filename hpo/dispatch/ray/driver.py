@@ -216,13 +216,10 @@ def run(
     if remaining <= 0:
         return
     job_id = executors.here().current_job() or f"local-{os.getpid()}"
-    if cluster is not None:
-        ray.init(address=cluster(), log_to_driver=False)
-    else:
-        os.environ.update(ACTOR_ENV)
-        ray.init(num_cpus=max(1, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
     plan: _TunePlan | None = None
     try:
+        # Tune's plan needs no running Ray: made (Tune imported, the searcher built) while the
+        # head's Ray starts, which ``cluster()`` waits for.
         if pbt:
             plan = _population_plan(study, spec, remaining, job_id)
         else:
@@ -230,6 +227,11 @@ def run(
                 spec, backend, spec.max_steps, job_id, _admission(spec, study, started, log)
             )
             plan = _TunePlan(search_alg, build_scheduler(spec, spec.max_steps), spec.study.max_concurrent)
+        if cluster is not None:
+            ray.init(address=cluster(), log_to_driver=False)
+        else:
+            os.environ.update(ACTOR_ENV)
+            ray.init(num_cpus=max(1, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
         _tuner(spec, _tune_trainable(spec, objective, pbt), plan, remaining).fit()
     finally:
         if plan is not None and plan.recorder is not None:
@@ -288,6 +290,12 @@ def _tune_trainable(spec: StudySpec, objective: Objective, pbt: bool) -> Any:
 
 def _tuner(spec: StudySpec, trainable: Any, plan: _TunePlan, remaining: int) -> Any:
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    # Tune adds a TensorBoardX logger of its own unless told not to: importing tensorboardX cost 2 s
+    # of every launch before its first trial, for event files nothing reads (the trainer writes
+    # its own, study.tensorboard). Tune's CSV and JSON results stay, named here.
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
 
     timeout_min = spec.study.timeout_min
     return tune.Tuner(
@@ -309,7 +317,7 @@ def _tuner(spec: StudySpec, trainable: Any, plan: _TunePlan, remaining: int) -> 
         run_config=tune.RunConfig(
             name=f"{spec.study.name}-{int(time.time())}",
             storage_path=str(spec.workdir / "ray_results"),
-            callbacks=plan.callbacks,
+            callbacks=[*plan.callbacks, CSVLoggerCallback(), JsonLoggerCallback()],
             checkpoint_config=plan.checkpoints,
             # Tune restarts a failed trial (same Optuna trial; the trainer resumes from its
             # checkpoint under the study's workdir) up to max_retries times.
