@@ -22,6 +22,8 @@ from typing import Any
 import optuna
 import submitit
 
+from hpo.executors.jobs import process_started_at
+
 DISTRIBUTIONS: dict[str, optuna.distributions.BaseDistribution] = {
     "lr": optuna.distributions.FloatDistribution(0.01, 1.0, log=True)
 }
@@ -47,11 +49,12 @@ def array_task(storage_url: str, study_name: str, seconds: float) -> float:
     return value
 
 
-def sleep_task(seconds: float) -> tuple[str, str]:
-    """An async driver's job: the objective alone; the driver asks and tells."""
+def sleep_task(seconds: float) -> tuple[str, str, float | None]:
+    """An async driver's job: the objective alone; the driver asks and tells. Returns when it ran,
+    and when its process started (for the benchmark's breakdown)."""
     started = _now_iso()
     time.sleep(seconds)
-    return started, _now_iso()
+    return started, _now_iso(), process_started_at()
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,11 +91,15 @@ def run_async(
         while asked < n and len(in_flight) < k:
             trial = study.ask(DISTRIBUTIONS)
             in_flight.append((trial, executor.submit(sleep_task, seconds)))
+            trial.set_user_attr("submitted_at", _now_iso())
             asked += 1
         for trial, job in [entry for entry in in_flight if entry[1].done()]:
-            started, finished = job.result()
+            started, finished, process_started = job.result()
             trial.set_user_attr("started_at", started)
             trial.set_user_attr("finished_at", finished)
+            if process_started is not None:
+                process = datetime.fromtimestamp(process_started, timezone.utc).isoformat()
+                trial.set_user_attr("job_startup", {"process": process, "called": started})
             study.tell(trial, _value(trial.params))
             in_flight.remove((trial, job))
         time.sleep(poll_s)

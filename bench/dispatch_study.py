@@ -48,4 +48,17 @@ def result_line(mode: str, result: dict[str, Any]) -> str:
         + f"; first trial running after {result['startup_s']:.1f} s"
         + f" (after it: {result['after_startup_ratio']:.3f} x ideal)"
         + (f"; told->next asked median {gap['median']:.2f} s" if gap else "")
+        + breakdown_line(result.get("breakdown_s"))
+    )
+
+
+def breakdown_line(steps: dict[str, dict[str, float]] | None) -> str:
+    """Where the seconds from ask to run go (``bench.dispatch.BREAKDOWN``), medians (p90)."""
+    if not steps:
+        return ""
+    return (
+        "\n"
+        + " " * 16
+        + "asked->running by step, median (p90): "
+        + ", ".join(f"{name} {s['median']:.2f} s ({s['p90']:.2f})" for name, s in steps.items())
     )

@@ -31,6 +31,13 @@ QUEUE_READ_S = 2.0
 """How often, at most, the launcher asks squeue which of its finished trials' jobs are still queued
 (only at the site's job limit): one call for all, whatever max_concurrent is."""
 
+ADMISSION_READ_S = 1.0
+"""How often the launcher asks the study whether it may start trials (the trial budget, `hpo
+cancel`, the timeout, the stop rules, the compute budget) when no trial has ended since it last
+asked: each ask reads the study's trials, which at every poll would cost the database tens of
+queries a second, and the launcher the CPU the trials' jobs start on. A trial's end is asked about
+at once."""
+
 JOB_EXIT_WAIT_S = 120.0
 """How long a finished trial's Slurm job may stay in the queue (completing) before its place in
 max_concurrent is given to the next trial regardless."""
@@ -50,9 +57,17 @@ class PerTrialDispatcher(Dispatcher):
         while not self._round(executor):
             time.sleep(self.options.poll_interval_s)
 
+    admitted_at = float("-inf")
+    """When the launcher last asked the study's admission (monotonic)."""
+
     def _round(self, executor: Any) -> bool:
         """Collect the trials that ended, submit new ones; True once the study is done."""
-        self._collect_finished()
+        changed = self._collect_finished()
+        if not changed and time.monotonic() - self.admitted_at < ADMISSION_READ_S:
+            if self.progress:
+                self.progress.tick()
+            return False
+        self.admitted_at = time.monotonic()
         budget_left = admission.trials_left(self.spec, self.study)
         # Admission is asked before every submission: a cancel during a slow sbatch stops the next.
         while (
@@ -130,7 +145,9 @@ class PerTrialDispatcher(Dispatcher):
         for slot, trial in enumerate(trials):
             # A trial that fails within a second may have told already: its attributes are frozen.
             with record.unless_told_meanwhile():
-                record.set_attr(trial, record.ATTR_JOB_ID, str(job.job_id))
+                record.set_attrs(
+                    trial, {record.ATTR_JOB_ID: str(job.job_id), record.ATTR_SUBMITTED_AT: record.now_iso()}
+                )
             # Still under the deferred signals: a launcher stopped now reports this trial as running.
             entry = InFlight(
                 trial.number,
@@ -157,12 +174,12 @@ class PerTrialDispatcher(Dispatcher):
         if self.gate.cancelled():
             raise CancelledMeanwhile
 
-    def _collect_finished(self) -> None:
-        """The trials whose end this round sees. A trial's end comes with its job's result file
+    def _collect_finished(self) -> bool:
+        """The trials whose end this round sees (True if any, or if a place was freed). A trial's end comes with its job's result file
         or Slurm's state (no query to the study for it): the study is read for a trial then, and
         otherwise once every ``TRIAL_READ_S`` (a trial that told but whose job stays on), so that
         the launcher's queries do not grow with ``max_concurrent`` times the polling rate."""
-        failed = False
+        failed = changed = False
         now = time.monotonic()
         for entry in list(self.in_flight):
             frozen = entry.finished
@@ -179,14 +196,16 @@ class PerTrialDispatcher(Dispatcher):
                     frozen = record.read_trial(self.study, entry.trial_id)
                 if not frozen.state.is_finished():
                     continue
-                entry.finished = frozen
+                entry.finished, changed = frozen, True
                 # Said at once; its place in max_concurrent may stay held a while longer.
                 self._report(frozen)
                 failed = failed or frozen.state.name == "FAIL"
             if not self._still_holds_resources(entry):
                 self.in_flight.remove(entry)
+                changed = True
         if failed:
             self._queue_retries()
+        return changed
 
     def _still_holds_resources(self, entry: InFlight) -> bool:
         """A job whose trial has told its result (on an executor whose jobs outlive their trial:

@@ -8,7 +8,9 @@ logs and the one line that says why a job failed are read here for every executo
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +21,19 @@ if TYPE_CHECKING:
 
 SUBMIT_MODULE = "submitit.core._submit"
 """What a submitit job runs: the job's pickle unpickled and called."""
+
+
+def process_started_at() -> float | None:
+    """When this process started, as a Unix time to the kernel's tick (Linux's /proc; None
+    elsewhere). A one-process job execs Python in its batch script, so this is when the job's node
+    started the script: what a job's start costs before Python runs."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    started_after_boot_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+    return time.time() - (uptime_s - started_after_boot_s)
 
 
 def jobs_folder(spec: StudySpec) -> Path:

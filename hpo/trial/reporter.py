@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from hpo import record, tally
@@ -45,6 +46,8 @@ class OptunaReporter:
         self.diverged: TrialDiverged | None = None
         """Set at the first non-finite report: the run is told to stop, and the trial ends as
         diverged however the objective then ends (``hpo.trial.task``)."""
+        self.first_report_s: float | None = None
+        """How long this run's first stored report took (the value written, the pruner asked)."""
 
     def report(self, metrics: EpochMetrics | StepReport) -> Decision:
         # A database restart mid-trial costs a wait, not the trial (a repeated report of the same
@@ -74,6 +77,9 @@ class OptunaReporter:
             self.curve = {**earlier, str(metrics.epoch): value}
             record.set_attr(self.trial, record.ATTR_EPOCH_VALUES, self.curve)
             return Decision.CONTINUE
+        reporting = time.perf_counter()
         record.report_step(self.trial, metrics.epoch, value)
         prune = self.trial.should_prune()
+        if self.first_report_s is None:
+            self.first_report_s = round(time.perf_counter() - reporting, 4)
         return Decision.STOP if prune else Decision.CONTINUE

@@ -17,6 +17,7 @@ import os
 import subprocess
 import threading
 import time
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -24,6 +25,7 @@ import submitit
 
 from hpo import executors, failures, joblog, record, search, tally
 from hpo.errors import one_line
+from hpo.executors import jobs
 from hpo.outages import with_retries
 from hpo.storage import StorageRef, open_storage
 from hpo.trial import packing, retries
@@ -51,6 +53,7 @@ class TrialTask:
     """Requeues in a row whose run stored no new epoch (see ``checkpoint``)."""
 
     def __call__(self) -> dict[str, Any]:
+        called_at = record.now_iso()
         joblog.to_stdout()
         rank = executors.here().rank()
         if rank != 0:
@@ -60,6 +63,11 @@ class TrialTask:
             lambda: search.load(self.spec, open_storage(self.storage, create=False), create=False),
             "load the study",
         )
+        startup = {
+            "process": _iso(jobs.process_started_at()),
+            "called": called_at,
+            "connected": record.now_iso(),
+        }
         trial = record.attach(study, self.trial_number)
         if trial is None:
             message = f"trial {self.trial_number} is already finished in the study; nothing to run"
@@ -69,7 +77,7 @@ class TrialTask:
                 # (--kill-on-bad-exit) end them now rather than after the DDP timeout.
                 raise TrialAlreadyFinished(message)
             return {"rank": 0, "skipped": True}
-        return run_attached(self.spec, study, trial, self.objective)
+        return run_attached(self.spec, study, trial, self.objective, startup)
 
     def checkpoint(self) -> Any:
         """Called by submitit on the signal Slurm sends before a time limit or a preemption
@@ -128,9 +136,14 @@ class TrialAlreadyFinished(RuntimeError):
 
 
 def run_attached(
-    spec: StudySpec, study: optuna.Study, trial: optuna.Trial, objective: Objective
+    spec: StudySpec,
+    study: optuna.Study,
+    trial: optuna.Trial,
+    objective: Objective,
+    startup: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:
-    """Run a trial on rank 0: record where it runs, train while reporting, tell the end state."""
+    """Run a trial on rank 0: record where it runs (and, in a job of its own, how its job came up:
+    ``startup``), train while reporting, tell the end state."""
 
     started = time.monotonic()
     restarts = executors.here().restart_count()
@@ -141,6 +154,7 @@ def run_attached(
             **({record.ATTR_RESTARTS: restarts} if restarts else {}),
             record.ATTR_THREADS: compute_threads(spec),
             **job_identity(),
+            **({record.ATTR_JOB_STARTUP: startup} if startup else {}),
         },
     )
     log.info(f"rank 0 reporting to study {spec.study.name!r}, trial {trial.number}: {trial.params}")
@@ -166,7 +180,8 @@ def run_attached(
         diverged = TrialDiverged(reporter.last_epoch + 1, spec.study.metric, result.value)
     if diverged is not None:
         return _tell_diverged(spec, study, trial, started, result.attrs, diverged)
-    attrs = _finish_attrs(spec, trial, started, result.attrs)
+    first_report = {record.ATTR_FIRST_REPORT_S: reporter.first_report_s} if reporter.first_report_s else {}
+    attrs = _finish_attrs(spec, trial, started, {**result.attrs, **first_report})
     if result.pruned:
         _tell(study, trial, state=optuna.trial.TrialState.PRUNED)
         state = "PRUNED"
@@ -225,6 +240,12 @@ def _tell_diverged(
     record.tell_diverged(study, trial, str(diverged), diverged.step)
     log.info(f"trial {trial.number} DIVERGED: {diverged}")
     return {"rank": 0, "state": "DIVERGED", "value": float("nan")}
+
+
+def _iso(unix_time: float | None) -> str | None:
+    if unix_time is None:
+        return None
+    return datetime.fromtimestamp(unix_time, timezone.utc).isoformat(timespec="milliseconds")
 
 
 def compute_threads(spec: StudySpec) -> int:
