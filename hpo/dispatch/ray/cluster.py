@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 180
+STOP_GRACE_S = 1.0
 RAY_START_ATTEMPTS = 3
 RAY_START_TIMEOUT_S = 300
 _PORT_NAMES = (
@@ -187,7 +188,7 @@ class RayClusterTask:
         joined_marker(rdv, rank).touch()
         try:  # stay until the head is done: the job ends when every task has returned
             while not (read_rendezvous(rdv) or {}).get("done"):
-                time.sleep(2)
+                time.sleep(0.5)
         finally:
             _stop_ray(temp_dir)
         return {"rank": "worker"}
@@ -364,26 +365,47 @@ def _stop_ray(temp_dir: str, whole_job: bool = True) -> None:
     on the node, another study's cluster included; ours are the ones whose command line names our
     temp dir (their workers die with their raylet). ``whole_job`` adds the processes whose
     environment names the job's token: on one host emulating two nodes, the other node's too."""
-    own = []
+    own = _descendants(os.getpid()) if whole_job else []  # Ray's agents name neither
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             # Ray's agents rename their command line; their environment still names our token.
             marker = f"RAY_AUTH_TOKEN_PATH={os.environ.get('RAY_AUTH_TOKEN_PATH', temp_dir)}".encode()
-            if temp_dir.encode() in (entry / "cmdline").read_bytes() or (
+            ours = temp_dir.encode() in (entry / "cmdline").read_bytes() or (
                 whole_job and marker in (entry / "environ").read_bytes()
-            ):
+            )
+            if ours and int(entry.name) not in own:
                 own.append(int(entry.name))
         except OSError:
             continue
-    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):  # stopped means gone
+    # Stopped means gone. Nothing of a node's Ray outlives the study (its record is in the study's
+    # storage): a second's grace, then killed. Ray's processes end one after another on SIGTERM
+    # (the GCS and `ray start --block` took all of a 5 s grace), holding the allocation meanwhile.
+    for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
         for pid in own:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + wait_s
         while wait_s and time.monotonic() < deadline and any(_running(pid) for pid in own):
             time.sleep(0.2)
+
+
+def _descendants(root: int) -> list[int]:
+    """The processes under ``root``, read before any is stopped: a raylet killed first leaves its
+    agents to init, where nothing names them ours (they rename their command line)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if entry.name.isdigit():
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
 
 
 def _running(pid: int) -> bool:
