@@ -10,6 +10,7 @@ slurmdbd, no ``sacctmgr``), there are no limits to read and nothing is clamped: 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 import pwd
@@ -35,6 +36,13 @@ class JobLimit:
     """The association's account, for an association's limit."""
     per_user: bool = True
     """False for a QoS's Grp limits: every user's jobs in the QoS count."""
+
+
+def _run_all(*commands: list[str]) -> list[str | None]:
+    """The commands' outputs (see :func:`_run`), run at once: each is a round trip to a Slurm
+    daemon, a tenth of a second or more, and a launch asks several before its first job."""
+    with concurrent.futures.ThreadPoolExecutor(len(commands)) as pool:
+        return list(pool.map(_run, commands))
 
 
 def _run(args: list[str]) -> str | None:
@@ -66,7 +74,7 @@ def _number(text: str) -> int | None:
 def job_limits(qos: str | None, account: str | None) -> list[JobLimit]:
     """The limits on how many jobs this user may have at once that apply to a job of ``qos``
     (None: the association's default QoS, else ``normal``) and ``account`` (None: the default)."""
-    assoc_out = _run(
+    assoc_out, qos_out = _run_all(
         [
             "sacctmgr",
             "-n",
@@ -76,9 +84,9 @@ def job_limits(qos: str | None, account: str | None) -> list[JobLimit]:
             "where",
             f"user={_user()}",
             f"format={','.join(_ASSOC_FIELDS)}",
-        ]
+        ],
+        ["sacctmgr", "-n", "-P", "show", "qos", f"format={','.join(_QOS_FIELDS)}"],
     )
-    qos_out = _run(["sacctmgr", "-n", "-P", "show", "qos", f"format={','.join(_QOS_FIELDS)}"])
     if assoc_out is None or qos_out is None:
         return []
     return limits_from(parse_table(assoc_out, _ASSOC_FIELDS), parse_table(qos_out, _QOS_FIELDS), qos, account)
@@ -139,10 +147,12 @@ def users_other_jobs(limit: JobLimit, own_names: set[str]) -> int | None:
     return sum(1 for name in out.splitlines() if name.strip() and name.strip() not in own_names)
 
 
-def _default_qos(account: str | None) -> str:
-    out = _run(
-        ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={_user()}", "format=Account,DefaultQOS"]
-    )
+def _default_qos_query() -> list[str]:
+    return ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={_user()}", "format=Account,DefaultQOS"]
+
+
+def _default_qos(account: str | None, out: str | None) -> str:
+    """The default QoS of the user's association with ``account`` from :func:`_default_qos_query`."""
     for line in (out or "").splitlines():
         assoc, _, default = line.partition("|")
         if default and (account is None or assoc == account):
@@ -153,8 +163,11 @@ def _default_qos(account: str | None) -> str:
 def qos_walls() -> dict[str, str] | None:
     """Each QoS's MaxWall as sacctmgr prints it (empty where it has none); None where sacctmgr
     cannot be asked (no accounting)."""
-    out = _run(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall"])
+    out = _run(_QOS_WALLS_QUERY)
     return None if out is None else parse_qos_walls(out)
+
+
+_QOS_WALLS_QUERY = ["sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall"]
 
 
 def parse_qos_walls(out: str) -> dict[str, str]:
@@ -168,11 +181,13 @@ def longest_job_min(qos: str | None, partition: str | None, account: str | None)
     MaxTime (``partition``, else the default one), whichever is shorter; None where neither has
     one or Slurm cannot tell."""
     found: list[tuple[float, str]] = []
-    qos = qos or _default_qos(account)
-    wall = (qos_walls() or {}).get(qos, "").strip()
+    walls_out, times, *assoc_out = _run_all(
+        _QOS_WALLS_QUERY, ["sinfo", "-h", "-o", "%P|%l"], *([] if qos else [_default_qos_query()])
+    )
+    qos = qos or _default_qos(account, assoc_out[0])
+    wall = (parse_qos_walls(walls_out) if walls_out is not None else {}).get(qos, "").strip()
     if wall:
         found.append((parse_duration_min("MaxWall", wall), f"QoS {qos}'s MaxWall is {wall}"))
-    times = _run(["sinfo", "-h", "-o", "%P|%l"])
     for line in (times or "").splitlines():
         name, _, limit = line.partition("|")
         default = name.endswith("*")
