@@ -212,6 +212,15 @@ class StudySection:
     )
     n_trials: int = field(20, "Trials in the study, those of earlier launches included.", ge=1)
     max_concurrent: int = field(2, "Trials in flight at once.", ge=1)
+    max_concurrent_counts: Literal["trials", "jobs"] = field(
+        "trials",
+        "What max_concurrent counts of per-trial jobs: trials (a finished trial's place goes to "
+        "the next once its job has left its result, while that job may take a second or two more "
+        "to exit: the study may briefly have one more job per place on the cluster) or jobs (the "
+        "next trial waits until the scheduler no longer lists the job: never more than "
+        "max_concurrent of the study's jobs at once, in sacct too, at the cost of that exit per "
+        "trial).",
+    )
     max_retries: int = field(
         1,
         "Times a failed trial (exception, job cancelled outside the service, node lost) is run "

@@ -91,7 +91,10 @@ def _launch_held(
             dispatcher.run(fitted.workers)
         else:
             dispatcher = PerTrialDispatcher(spec, storage, study, options, shown, deadline, progress, claim)
-            dispatcher.hold_jobs_until_gone = fitted.at_job_limit
+            # At the site's job limit one job more is refused: counted until gone, as asked for.
+            dispatcher.hold_jobs_until_gone = (
+                fitted.at_job_limit or spec.study.max_concurrent_counts == "jobs"
+            )
             dispatcher.run()
     except KeyboardInterrupt:
         dispatcher.report_interrupted()

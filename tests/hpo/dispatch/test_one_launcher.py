@@ -342,3 +342,67 @@ def test_a_launcher_frozen_past_its_lease_stops_before_it_submits_again(
         0,
         None,
     )
+
+
+def sacct_intervals(job_ids: list[str], timeout: float = 120) -> list[tuple[int, int]]:
+    """Each job's [Start, End) in whole seconds from sacct, read once accounting has every end."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proc = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-o", "JobID,Start,End", "-j", ",".join(job_ids)],
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+        rows = [line.split("|") for line in proc.stdout.splitlines() if line]
+        ended = {job: (start, end) for job, start, end in rows if end not in ("", "Unknown")}
+        if set(job_ids) <= set(ended) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert set(job_ids) <= set(ended), (job_ids, rows)
+
+    def seconds(stamp: str) -> int:
+        return int(time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S")))
+
+    return [(seconds(ended[job][0]), seconds(ended[job][1])) for job in job_ids]
+
+
+def most_at_once(intervals: list[tuple[int, int]]) -> int:
+    """The most intervals [start, end) that hold one instant."""
+    return max(sum(start <= t < end for start, end in intervals) for t, _ in intervals)
+
+
+SLOW_EXIT_OBJECTIVE = """
+import threading
+import time
+
+
+def objective(params, trial):
+    time.sleep(0.5)
+    trial.report(1, params["lr"])
+    # A thread that winds down for seconds after the result (a data loader's, a logger's): the
+    # job's process, and so its Slurm job, ends that much after the trial has told its value.
+    threading.Thread(target=time.sleep, args=(3,)).start()
+    return params["lr"]
+"""
+
+
+def test_max_concurrent_counting_jobs_holds_in_sacct(tmp_path: Path, fresh_database: str) -> None:
+    """Trials whose jobs take 3 s to exit after their result, at most 2 at once: counting trials,
+    the next ones start beside the exiting jobs (more than 2 in sacct); counting jobs
+    (``max_concurrent_counts: jobs``), never more than 2 of the study's jobs in sacct at once."""
+    (tmp_path / "slow_exit.py").write_text(SLOW_EXIT_OBJECTIVE)
+    peaks = {}
+    for counts in ("trials", "jobs"):
+        document = study_document(f"counts-{counts}-{uuid.uuid4().hex[:6]}", tmp_path / counts)
+        del document["trainer"]
+        document["study"].update(n_trials=4, max_concurrent=2, max_concurrent_counts=counts, enqueue=[])
+        document["study"]["pruner"] = {"name": "none"}
+        document["resources"]["executor"] = "slurm"
+        document["objective"] = {"function": "slow_exit:objective", "steps": 1}
+        proc = launcher(write_study(tmp_path / f"{counts}.yaml", document), fresh_database)
+        output = proc.communicate(timeout=600)[0]
+        assert proc.returncode == 0, output
+        trials = load_trials(document, fresh_database)
+        assert [t.state.name for t in trials] == ["COMPLETE"] * 4, output
+        intervals = sacct_intervals([str(t.user_attrs["job_id"]) for t in trials])
+        peaks[counts] = (most_at_once(intervals), sorted(intervals))
+    assert peaks["trials"][0] > 2 and peaks["jobs"][0] <= 2, peaks
