@@ -48,7 +48,11 @@ class PerTrialDispatcher(Dispatcher):
 
     hold_jobs_until_gone = False
     """Whether a finished trial's job keeps its place until squeue no longer lists it (at the
-    site's job limit, where one more job would be refused)."""
+    site's job limit, where one more job would be refused, and where the study's
+    ``max_concurrent_counts`` is jobs)."""
+
+    admitted_at = float("-inf")
+    """When the launcher last asked the study's admission (monotonic)."""
 
     def run(self) -> None:
         executor = self.executor.submitter(self.spec, job_name=jobs.job_name(self.spec), direct=True)
@@ -56,9 +60,6 @@ class PerTrialDispatcher(Dispatcher):
         # Every storage call waits out a database outage on its own (hpo.storage's policy).
         while not self._round(executor):
             time.sleep(self.options.poll_interval_s)
-
-    admitted_at = float("-inf")
-    """When the launcher last asked the study's admission (monotonic)."""
 
     def _round(self, executor: Any) -> bool:
         """Collect the trials that ended, submit new ones; True once the study is done."""
@@ -175,10 +176,11 @@ class PerTrialDispatcher(Dispatcher):
             raise CancelledMeanwhile
 
     def _collect_finished(self) -> bool:
-        """The trials whose end this round sees (True if any, or if a place was freed). A trial's end comes with its job's result file
-        or Slurm's state (no query to the study for it): the study is read for a trial then, and
-        otherwise once every ``TRIAL_READ_S`` (a trial that told but whose job stays on), so that
-        the launcher's queries do not grow with ``max_concurrent`` times the polling rate."""
+        """The trials whose end this round sees; True if it saw one, or freed a place. A trial's
+        end comes with its job's result file or Slurm's state (no query to the study for it): the
+        study is read for a trial then, and otherwise once every ``TRIAL_READ_S`` (a trial that
+        told but whose job stays on), so that the launcher's queries do not grow with
+        ``max_concurrent`` times the polling rate."""
         failed = changed = False
         now = time.monotonic()
         for entry in list(self.in_flight):

@@ -363,14 +363,14 @@ def _report_joined(rdv: Path, nodes: int) -> None:
 def _stop_ray(temp_dir: str, whole_job: bool = True) -> None:
     """Stop this node's Ray processes of this job only. `ray stop` would kill every Ray process
     on the node, another study's cluster included; ours are the ones whose command line names our
-    temp dir (their workers die with their raylet). ``whole_job`` adds the processes whose
-    environment names the job's token: on one host emulating two nodes, the other node's too."""
-    own = _descendants(os.getpid()) if whole_job else []  # Ray's agents name neither
+    temp dir (their workers die with their raylet). ``whole_job`` adds the processes under this
+    task (Ray's agents rename their command line) and those whose environment names the job's
+    token: on one host emulating two nodes, the other node's too."""
+    own = _descendants(os.getpid()) if whole_job else []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            # Ray's agents rename their command line; their environment still names our token.
             marker = f"RAY_AUTH_TOKEN_PATH={os.environ.get('RAY_AUTH_TOKEN_PATH', temp_dir)}".encode()
             ours = temp_dir.encode() in (entry / "cmdline").read_bytes() or (
                 whole_job and marker in (entry / "environ").read_bytes()
