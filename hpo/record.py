@@ -172,6 +172,11 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
+def iso(unix_time: float) -> str:
+    """A Unix time in the format of :func:`now_iso`."""
+    return datetime.fromtimestamp(unix_time, timezone.utc).isoformat(timespec="milliseconds")
+
+
 class DispatchMode(str, enum.Enum):
     """How a launch ran a trial (the ``dispatch`` attribute), apart from where (``executor``)."""
 

@@ -17,7 +17,6 @@ import os
 import subprocess
 import threading
 import time
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -64,7 +63,7 @@ class TrialTask:
             "load the study",
         )
         startup = {
-            "process": _iso(jobs.process_started_at()),
+            "process": None if (process := jobs.process_started_at()) is None else record.iso(process),
             "called": called_at,
             "connected": record.now_iso(),
         }
@@ -240,12 +239,6 @@ def _tell_diverged(
     record.tell_diverged(study, trial, str(diverged), diverged.step)
     log.info(f"trial {trial.number} DIVERGED: {diverged}")
     return {"rank": 0, "state": "DIVERGED", "value": float("nan")}
-
-
-def _iso(unix_time: float | None) -> str | None:
-    if unix_time is None:
-        return None
-    return datetime.fromtimestamp(unix_time, timezone.utc).isoformat(timespec="milliseconds")
 
 
 def compute_threads(spec: StudySpec) -> int:
