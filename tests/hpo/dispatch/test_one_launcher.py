@@ -345,15 +345,17 @@ def test_a_launcher_frozen_past_its_lease_stops_before_it_submits_again(
 
 
 def sacct_intervals(job_ids: list[str], timeout: float = 120) -> list[tuple[int, int]]:
-    """Each job's [Start, End) in whole seconds from sacct, read once accounting has every end."""
+    """Each job's [Submit, End) in whole seconds from sacct, read once accounting has every end:
+    the span the job is the cluster's to count (pending or running), which the launcher alone
+    decides; when it starts depends on the CPUs the rest of the suite leaves free."""
     deadline = time.monotonic() + timeout
     while True:
         proc = subprocess.run(
-            ["sacct", "-X", "-n", "-P", "-o", "JobID,Start,End", "-j", ",".join(job_ids)],
+            ["sacct", "-X", "-n", "-P", "-o", "JobID,Submit,End", "-j", ",".join(job_ids)],
             capture_output=True, text=True, check=True, timeout=60,
         )  # fmt: skip
         rows = [line.split("|") for line in proc.stdout.splitlines() if line]
-        ended = {job: (start, end) for job, start, end in rows if end not in ("", "Unknown")}
+        ended = {job: (submit, end) for job, submit, end in rows if end not in ("", "Unknown")}
         if set(job_ids) <= set(ended) or time.monotonic() > deadline:
             break
         time.sleep(1)
@@ -366,8 +368,8 @@ def sacct_intervals(job_ids: list[str], timeout: float = 120) -> list[tuple[int,
 
 
 def most_at_once(intervals: list[tuple[int, int]]) -> int:
-    """The most intervals [start, end) that hold one instant."""
-    return max(sum(start <= t < end for start, end in intervals) for t, _ in intervals)
+    """The most intervals [begin, end) that hold one instant."""
+    return max(sum(begin <= t < end for begin, end in intervals) for t, _ in intervals)
 
 
 SLOW_EXIT_OBJECTIVE = """
@@ -387,8 +389,9 @@ def objective(params, trial):
 
 def test_max_concurrent_counting_jobs_holds_in_sacct(tmp_path: Path, fresh_database: str) -> None:
     """Trials whose jobs take 3 s to exit after their result, at most 2 at once: counting trials,
-    the next ones start beside the exiting jobs (more than 2 in sacct); counting jobs
-    (``max_concurrent_counts: jobs``), never more than 2 of the study's jobs in sacct at once."""
+    the next ones are submitted beside the exiting jobs (more than 2 in sacct); counting jobs
+    (``max_concurrent_counts: jobs``), never more than 2 of the study's jobs in sacct at once,
+    pending or running."""
     (tmp_path / "slow_exit.py").write_text(SLOW_EXIT_OBJECTIVE)
     peaks = {}
     for counts in ("trials", "jobs"):
