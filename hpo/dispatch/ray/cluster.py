@@ -323,6 +323,10 @@ def _start_args(
         f"--min-worker-port={low}",
         f"--max-worker-port={low + _WORKER_PORTS}",
         "--disable-usage-stats",
+        # The driver takes no worker output (log_to_driver=False; each trial writes its own
+        # log): a node's log monitor, a process that imports Ray on the CPUs Ray is starting
+        # on, would stream it to the GCS for no one. The dashboard reads logs from the files.
+        "--include-log-monitor=false",
         *(f"--{name}={port}" for name, port in ports.items()),
     ]
 
