@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -65,6 +66,7 @@ def run_mode(mode: str, folder: Path, storage_url: str, n: int, k: int, seconds:
     # Ray: when the first trial began running (finished minus its own run time) is what starting
     # the cluster inside the job cost; the rest is Tune's scheduling.
     first_run = timings.pop("first_run")
+    job_started = _ray_job_started(folder / name, trials) if mode == "ray" else None
     return {
         "mode": mode,
         "makespan_s": round(makespan, 2),
@@ -72,6 +74,8 @@ def run_mode(mode: str, folder: Path, storage_url: str, n: int, k: int, seconds:
         "ratio": round(makespan / ideal, 3),
         **timings,
         "startup_s": round(first_run - launched_at, 2),
+        # Ray: the same from its job's start, without the launcher's checks and Slurm's scheduling.
+        **({"startup_in_job_s": round(first_run - job_started, 2)} if job_started else {}),
         "after_startup_ratio": round((makespan - (first_run - launched_at)) / ideal, 3),
         **load.summary(n, makespan / 60),
     }
@@ -129,6 +133,20 @@ def _latencies(mode: str, trials: list[Any], k: int) -> dict[str, Any]:
         "told_to_next_asked_s": _summary(gaps) if mode in ("per-trial", "ray", "submitit-async") else None,
         "first_run": min(running_from(t) for t in trials),
     }
+
+
+def _ray_job_started(workdir: Path, trials: list[Any]) -> float | None:
+    """When the Ray job's head task began (submitit's first line in its log), or None if unread."""
+    job_id = trials[0].user_attrs.get("job_id")
+    log = workdir / "jobs" / str(job_id) / f"{job_id}_0_log.out"
+    try:
+        first = log.read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    found = re.search(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\)", first)
+    if not found:
+        return None
+    return datetime.fromisoformat(f"{found.group(1)}.{found.group(2)}").timestamp()
 
 
 BREAKDOWN = (

@@ -46,6 +46,11 @@ def result_line(mode: str, result: dict[str, Any]) -> str:
         + (f"; asked->running median {running['median']:.2f} s (p90 {running['p90']:.2f})" if running else "")
         + f"; finished->told median {result['finished_to_told_s']['median']:.3f} s"
         + f"; first trial running after {result['startup_s']:.1f} s"
+        + (
+            f", {result['startup_in_job_s']:.1f} s after its job started"
+            if "startup_in_job_s" in result
+            else ""
+        )
         + f" (after it: {result['after_startup_ratio']:.3f} x ideal)"
         + (f"; told->next asked median {gap['median']:.2f} s" if gap else "")
         + breakdown_line(result.get("breakdown_s"))

@@ -46,10 +46,19 @@ from trainer.reporting import Decision, EpochMetrics
 if TYPE_CHECKING:
     from hpo.config import StudySpec
 
-# Set where Ray's processes start (the local instance, `ray start` on each node): Tune's default 2 s
-# for a stopped trial's thread to end, before its actor is reused, is short for a trainer closing
-# its DataLoader workers on a busy node.
-ACTOR_ENV = {"TUNE_FUNCTION_THREAD_TIMEOUT_S": "20"}
+# Set where Ray's processes start (the local instance, `ray start` on each node), so that every
+# worker process has them:
+# - Tune's default 2 s for a stopped trial's thread to end, before its actor is reused, is short
+#   for a trainer closing its DataLoader workers on a busy node;
+# - PL_DISABLE_FORK is what Tune gives each trial actor as a runtime_env (`_trials_in_started_workers`);
+# - each raylet starts its worker processes (one per CPU) as it starts, instead of when the first
+#   driver connects: the driver's connect waited for them (1.2 s on a 2-core node), and a worker
+#   node, which no driver connects to, started none.
+ACTOR_ENV = {
+    "TUNE_FUNCTION_THREAD_TIMEOUT_S": "20",
+    "PL_DISABLE_FORK": "1",
+    "RAY_enable_worker_prestart": "1",
+}
 
 RAY_PRUNERS = ("successive_halving", "hyperband", "median", "none", "pbt")
 
@@ -227,6 +236,7 @@ def run(
                 spec, backend, spec.max_steps, job_id, _admission(spec, study, started, log)
             )
             plan = _TunePlan(search_alg, build_scheduler(spec, spec.max_steps), spec.study.max_concurrent)
+        _trials_in_started_workers()
         if cluster is not None:
             ray.init(address=cluster(), log_to_driver=False)
         else:
@@ -237,6 +247,21 @@ def run(
         if plan is not None and plan.recorder is not None:
             plan.recorder.fail_unfinished("not finished when its Ray run ended (time budget or stop)")
         ray.shutdown()
+
+
+def _trials_in_started_workers() -> None:
+    """Tune gives each trial actor a runtime_env of its default variables (``PL_DISABLE_FORK``),
+    and Ray runs an actor with a runtime_env only in a worker process started for it, never in one
+    of the workers the raylet started ahead: each first trial waited for a new process to start and
+    import Ray (1.3 s on a busy node) while those idled. The variables are in every worker's
+    environment instead (ACTOR_ENV), and Tune's default is emptied in this driver process, where
+    Tune reads it as it makes the trials' actor class. A Ray whose default holds a variable
+    ACTOR_ENV lacks keeps its default, and the slower start."""
+    from ray.tune.execution import class_cache
+
+    defaults = getattr(class_cache, "DEFAULT_ENV_VARS", None)
+    if isinstance(defaults, dict) and defaults.items() <= ACTOR_ENV.items():
+        defaults.clear()
 
 
 @dataclasses.dataclass

@@ -312,9 +312,12 @@ def test_each_ray_trial_is_a_ddp_run_of_ray_train_workers_that_a_tune_stop_frees
 
 def test_a_python_function_objective_runs_on_the_local_ray_backend(tmp_path: Path) -> None:
     """The user's own function as the objective of Ray Tune trials: its reports reach Tune's
-    scheduler and the Optuna storage, as the trainer's epochs do."""
+    scheduler and the Optuna storage, as the trainer's epochs do. The variable Tune gives its trial
+    actors reaches them, though from the workers' environment (``hpo.dispatch.ray.driver``)."""
     (tmp_path / "my_objective.py").write_text(
+        "import os\n"
         "def objective(params, trial):\n"
+        "    assert os.environ.get('PL_DISABLE_FORK') == '1', 'no PL_DISABLE_FORK in the trial'\n"
         "    for step in range(1, 5):\n"
         "        if trial.report(step, params['x'] * step):\n"
         "            return None\n"
