@@ -268,7 +268,7 @@ def _ray_start(
     def begin() -> tuple[dict[str, int], _Start]:
         ports = dict(zip(port_names, ray_ports.free_ports(len(port_names)), strict=True))
         return ports, _Start(
-            _start_args(extra, ports, node_ip, temp_dir, spec), {**os.environ, **driver.ACTOR_ENV}
+            _start_args(extra, ports, node_ip, temp_dir, spec), {**os.environ, **driver.RAY_NODE_ENV}
         )
 
     ports, start = begin()

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 # - each raylet starts its worker processes (one per CPU) as it starts, instead of when the first
 #   driver connects: the driver's connect waited for them (1.2 s on a 2-core node), and a worker
 #   node, which no driver connects to, started none.
-ACTOR_ENV = {
+RAY_NODE_ENV = {
     "TUNE_FUNCTION_THREAD_TIMEOUT_S": "20",
     "PL_DISABLE_FORK": "1",
     "RAY_enable_worker_prestart": "1",
@@ -240,7 +240,7 @@ def run(
         if cluster is not None:
             ray.init(address=cluster(), log_to_driver=False)
         else:
-            os.environ.update(ACTOR_ENV)
+            os.environ.update(RAY_NODE_ENV)
             ray.init(num_cpus=max(1, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
         _tuner(spec, _tune_trainable(spec, objective, pbt), plan, remaining).fit()
     finally:
@@ -254,13 +254,13 @@ def _trials_in_started_workers() -> None:
     and Ray runs an actor with a runtime_env only in a worker process started for it, never in one
     of the workers the raylet started ahead: each first trial waited for a new process to start and
     import Ray (1.3 s on a busy node) while those idled. The variables are in every worker's
-    environment instead (ACTOR_ENV), and Tune's default is emptied in this driver process, where
+    environment instead (RAY_NODE_ENV), and Tune's default is emptied in this driver process, where
     Tune reads it as it makes the trials' actor class. A Ray whose default holds a variable
-    ACTOR_ENV lacks keeps its default, and the slower start."""
+    RAY_NODE_ENV lacks keeps its default, and the slower start."""
     from ray.tune.execution import class_cache
 
     defaults = getattr(class_cache, "DEFAULT_ENV_VARS", None)
-    if isinstance(defaults, dict) and defaults.items() <= ACTOR_ENV.items():
+    if isinstance(defaults, dict) and defaults.items() <= RAY_NODE_ENV.items():
         defaults.clear()
 
 
@@ -333,7 +333,7 @@ def _tuner(spec: StudySpec, trainable: Any, plan: _TunePlan, remaining: int) -> 
             max_concurrent_trials=plan.max_concurrent,
             # A trial in a warm actor skips a new worker process and its imports (seconds on a
             # busy node). Tune fails the new trial if the last one's thread has not ended within
-            # TUNE_FUNCTION_THREAD_TIMEOUT_S (see ACTOR_ENV); a stopped trial ends at its report.
+            # TUNE_FUNCTION_THREAD_TIMEOUT_S (see RAY_NODE_ENV); a stopped trial ends at its report.
             reuse_actors=True,
             time_budget_s=None if timeout_min is None else 60 * timeout_min,
             metric=spec.study.metric,
