@@ -91,18 +91,20 @@ def _tell(
     epochs: int,
     error: bool,
     diverged: tuple[int, str] | None = None,
+    last_reported: int = 0,
 ) -> None:
     """Tune's ended trial into the study: a trial its scheduler stopped early is PRUNED; one whose
     metric turned NaN or infinite (``diverged``: its step and reason) is DIVERGED, its finite
-    reports kept."""
+    reports kept. ``last_reported``: the last epoch already stored from ``on_trial_result``."""
     if diverged is None and value is not None and not math.isfinite(float(value)):
         diverged = (epochs_done, f"{record.REASON_DIVERGED} {epochs_done}: {value}")
     if diverged is not None:
         step, reason = diverged
         record.tell_diverged(study, ot_trial, reason, step)
         return
-    if value is not None and epochs_done:
-        # Tune hands the last epoch's result to on_trial_complete, not on_trial_result.
+    if value is not None and epochs_done and epochs_done != last_reported:
+        # Tune hands the last epoch's result to on_trial_complete alone when its scheduler stops
+        # the trial there; a trial that ran to its end had it in on_trial_result too.
         ot_trial.report(float(value), epochs_done)
     if error or value is None:
         study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
@@ -137,6 +139,7 @@ def _tell_ended(
     where: dict[str, Any],
     epochs: int,
     diverged: tuple[int, str] | None,
+    last_reported: int,
 ) -> None:
     """Tune's ended trial into the study with its attributes; a failure's own result (a failure
     no rerun changes, ended without raising) is no epoch, and the trial FAIL."""
@@ -144,7 +147,7 @@ def _tell_ended(
     epochs_done, attrs = _ended_attrs(spec, trial_id, result, error or failed)
     record.set_attrs(ot_trial, {**where, **attrs})
     value = None if not result or failed else result.get(spec.study.metric)
-    _tell(study, ot_trial, value, epochs_done - failed, epochs, error or failed, diverged)
+    _tell(study, ot_trial, value, epochs_done - failed, epochs, error or failed, diverged, last_reported)
 
 
 def _divergence(metric: str, result: dict[str, Any]) -> tuple[int, str] | None:
@@ -170,6 +173,7 @@ def study_search(
     gate = _Gate(admission)
     where = {**record.placement(spec.resources.executor, record.DispatchMode.RAY), record.ATTR_JOB_ID: job_id}
     diverged: dict[str, tuple[int, str]] = {}  # Tune trial id -> (step, "diverged at step N: ...")
+    reported: dict[str, int] = {}  # Tune trial id -> the last epoch stored as an intermediate value
 
     class StudySearch(OptunaSearch):
         """OptunaSearch records a trial that Tune's scheduler stopped early as COMPLETE; here it
@@ -193,6 +197,7 @@ def study_search(
                 diverged.setdefault(trial_id, found)
             elif not result.get(PROGRAM_FAILED):  # a failure's result: told FAIL at its end
                 super().on_trial_result(trial_id, result)
+                reported[trial_id] = int(result.get("training_iteration", 0))
 
         def on_trial_complete(
             self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
@@ -201,7 +206,18 @@ def study_search(
                 return
             assert self._ot_study is not None  # set up before the first trial is suggested
             ot_trial, at = self._ot_trials[trial_id], diverged.get(trial_id)
-            _tell_ended(spec, self._ot_study, ot_trial, trial_id, result, error, where, epochs, at)
+            _tell_ended(
+                spec,
+                self._ot_study,
+                ot_trial,
+                trial_id,
+                result,
+                error,
+                where,
+                epochs,
+                at,
+                reported.get(trial_id, 0),
+            )
             self._completed_trials.add(trial_id)
 
     sampler = search.sampler_for(spec)
