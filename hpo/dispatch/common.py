@@ -28,7 +28,7 @@ from hpo.dispatch.lease import Lease
 from hpo.dispatch.progress import Progress
 from hpo.errors import NotReadyError
 from hpo.executors import jobs
-from hpo.storage import StorageRef, check_reachable
+from hpo.storage import StorageRef, check_reachable, open_storage
 from hpo.trial.objective import Objective
 
 if TYPE_CHECKING:
@@ -89,16 +89,23 @@ Log = Callable[[str], None]
 
 
 def open_study(
-    spec: StudySpec, storage: StorageRef, *, reseed: bool = True, allow_space_change: bool = False
+    spec: StudySpec,
+    storage: StorageRef,
+    *,
+    reseed: bool = True,
+    allow_space_change: bool = False,
+    schema_checked: bool = False,
 ) -> tuple[optuna.Study, BaseStorage, warm_start.Plan]:
-    """The launch set-up every backend shares: the storage reached (its schema created), the study
-    created or resumed, checked against what the stored study means (a relaunch that would mix
+    """The launch set-up every backend shares: the storage reached (its schema created, unless
+    ``schema_checked``: the launcher that submitted this job did it), the study created or resumed, checked against what the stored study means (a relaunch that would mix
     values of another metric, other settings or, unless allowed, another search space is refused
     before anything is written), its metric named. Returns the study, the opened storage (the
     Ray backend's searcher writes through the same one) and what a warm start is to add, read
     before the study is created (a source that cannot be is bad input, exit 2) and written by
     ``warm_start.apply`` under the study's lease."""
-    backend = check_reachable(storage, spec.source)
+    # In an allocation the schema check (alembic's scripts read, half a CPU-second) would only
+    # slow the start of the Ray head beside it.
+    backend = open_storage(storage, create=False) if schema_checked else check_reachable(storage, spec.source)
     planned = warm_start.plan(spec, storage)
     study = search.load(spec, backend, create=True)
     search.check_direction(study, spec)

@@ -209,7 +209,9 @@ def run(
         objective = objective_for(spec)
     objective = objective or TrainerObjective(",".join(population.mutations(spec)) if pbt else "")
     started = time.time()  # an `hpo cancel` from before this launch does not stop it
-    study, backend, planned = open_study(spec, storage, reseed=False, allow_space_change=allow_space_change)
+    study, backend, planned = open_study(
+        spec, storage, reseed=False, allow_space_change=allow_space_change, schema_checked=cluster is not None
+    )
     if cluster is None:  # a local launch (in an allocation, the launcher that submitted it checked)
         refuse_during_cancel(spec, study)
     leftovers = fail_leftovers(spec, study)
