@@ -97,9 +97,10 @@ def open_study(
     schema_checked: bool = False,
 ) -> tuple[optuna.Study, BaseStorage, warm_start.Plan]:
     """The launch set-up every backend shares: the storage reached (its schema created, unless
-    ``schema_checked``: the launcher that submitted this job did it), the study created or resumed, checked against what the stored study means (a relaunch that would mix
-    values of another metric, other settings or, unless allowed, another search space is refused
-    before anything is written), its metric named. Returns the study, the opened storage (the
+    ``schema_checked``: the launcher that submitted this job did it), the study created or
+    resumed, checked against what the stored study means (a relaunch that would mix values of
+    another metric, other settings or, unless allowed, another search space is refused before
+    anything is written), its metric named. Returns the study, the opened storage (the
     Ray backend's searcher writes through the same one) and what a warm start is to add, read
     before the study is created (a source that cannot be is bad input, exit 2) and written by
     ``warm_start.apply`` under the study's lease."""
