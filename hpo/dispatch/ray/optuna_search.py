@@ -205,19 +205,8 @@ def study_search(
             if trial_id in self._completed_trials or trial_id not in self._ot_trials:
                 return
             assert self._ot_study is not None  # set up before the first trial is suggested
-            ot_trial, at = self._ot_trials[trial_id], diverged.get(trial_id)
-            _tell_ended(
-                spec,
-                self._ot_study,
-                ot_trial,
-                trial_id,
-                result,
-                error,
-                where,
-                epochs,
-                at,
-                reported.get(trial_id, 0),
-            )
+            ot_trial, at, last = self._ot_trials[trial_id], diverged.get(trial_id), reported.get(trial_id, 0)
+            _tell_ended(spec, self._ot_study, ot_trial, trial_id, result, error, where, epochs, at, last)
             self._completed_trials.add(trial_id)
 
     sampler = search.sampler_for(spec)
