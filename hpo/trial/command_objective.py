@@ -7,7 +7,7 @@ matches, or a ``hpo.trial.report`` call over the socket the script inherits. Whe
 stop, a command that reports through its output gets SIGTERM on its process group, then SIGKILL
 after ``stop_grace_s``; one that reports through ``hpo.trial`` is told and stops itself (the same
 signals follow if it does not). The other ranks stop their command when rank 0 leaves a stop file
-in the trial's folder.
+in the trial's folder, with the same grace where their script shares rank 0's answer.
 
 Parameters become argv elements by substitution (``hpo.config.user_code``): no shell is involved.
 """
@@ -49,7 +49,11 @@ MAX_LINE = 64 * 1024
 """Bytes of one output line that are read at once (a longer one is read in pieces)."""
 
 STOP_FILE = "stop"
-"""Left in the trial's folder by rank 0 when the trial is pruned: the other ranks stop too."""
+"""Left in the trial's folder by rank 0 when the trial is pruned: the other ranks stop too. It holds
+``TOLD`` when rank 0's command was answered "stop" through ``hpo.trial``, whose answer every rank's
+script shares: each then stops itself, and its signals wait the same grace as rank 0's."""
+
+TOLD = "told"
 
 WAIT_FOR_SLURM_KILL_S = 300.0
 """How long a job whose command Slurm terminated waits for its own end (requeue or cancel)."""
@@ -111,6 +115,13 @@ def trial_environment(
         client.ENV_CHECKPOINT_DIR: str(checkpoints),
         "HPO_STUDY_NAME": spec.study.name,
     }
+
+
+def _stop_told(stop_file: Path) -> bool:
+    """Whether rank 0 left ``stop_file`` after answering its script "stop" (see ``STOP_FILE``)."""
+    with contextlib.suppress(OSError):
+        return stop_file.read_text() == TOLD
+    return False
 
 
 def _torch_rank_environment() -> dict[str, str]:
@@ -203,9 +214,12 @@ class _Command:
                 self._reply(client.STOP if reports.on_report(*payload) else client.CONTINUE)
             if reports.stop_asked_at is not None and time.monotonic() - reports.stop_asked_at > grace_s:
                 self.stop(grace_s)  # told to stop, it has not: the signals follow
-            if reporter is None and stop_file.exists():
-                self.stop(grace_s)  # rank 0 was told to stop: this rank stops too
-                return ObjectiveResult(value=float("nan"), pruned=True)
+            if reporter is None and reports.stop_asked_at is None and stop_file.exists():
+                if _stop_told(stop_file):  # this rank's script has rank 0's answer: it stops itself
+                    reports.stop_asked_at = time.monotonic()
+                else:
+                    self.stop(grace_s)  # rank 0's command was stopped: this rank's is too
+                    return ObjectiveResult(value=float("nan"), pruned=True)
             if self.process.poll() is not None and self._drained():
                 break
         return self._outcome(reports)
@@ -381,7 +395,7 @@ class _Reports:
         if self.stop_asked_at is not None or value is None:
             # Told to stop already (its later reports change nothing), or not a number.
             return self.stop_asked_at is not None
-        stop = self._decide(step, value)
+        stop = self._decide(step, value, told=True)
         if stop:
             self.stop_asked_at = time.monotonic()
         return stop
@@ -402,7 +416,7 @@ class _Reports:
             result.attrs[record.ATTR_METRICS] = self.metrics
         return result
 
-    def _decide(self, step: int, value: float) -> bool:
+    def _decide(self, step: int, value: float, told: bool = False) -> bool:
         assert self.reporter is not None
         if step in self.steps:
             self._warn(
@@ -413,8 +427,10 @@ class _Reports:
             self.steps[step] = value
         self.count, self.last = self.count + 1, value
         stop = _decide(self.reporter, self.spec, step, value) == Decision.STOP
-        if stop:
-            self.stop_file.touch()  # the other ranks stop too
+        if stop:  # the other ranks stop too; whole once it exists (they poll for it)
+            partial = self.stop_file.with_suffix(".partial")
+            partial.write_text(TOLD if told else "")
+            os.replace(partial, self.stop_file)
         return stop
 
     def _read(self, reading: Reading, pattern: MetricPattern) -> float | None:

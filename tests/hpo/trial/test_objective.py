@@ -203,6 +203,42 @@ def test_a_script_reports_through_the_trial_api_and_stops_itself_when_pruned(
     assert (tmp_path / "alone-checkpoints" / "epoch").read_text() == "4"
 
 
+OTHER_RANK_SCRIPT = r"""
+import sys, time
+from pathlib import Path
+folder = Path(sys.argv[1])
+while not (folder / "stop").exists():  # rank 0's answer, as torch.distributed would share it
+    time.sleep(0.05)
+time.sleep(1.0)  # the rest of its epoch, then the barrier that waits for rank 0
+(folder / "stopped-by-itself").write_text("yes")
+"""
+
+
+@pytest.mark.parametrize("told", [True, False], ids=["hpo.trial script", "metric-line command"])
+def test_a_ddp_ranks_command_stops_itself_when_rank_0s_script_was_told_and_is_stopped_otherwise(
+    tmp_path: Path, told: bool
+) -> None:
+    # Seen on the local cluster (a 2-task trial-API job): rank 1's wrapper sent SIGTERM as soon as
+    # rank 0 left the stop file, while rank 1's script, which had the same answer, was on its way
+    # to the barrier; rank 0's barrier then failed with "Connection reset by peer".
+    from hpo.config import load_study
+    from hpo.paths import trial_dir
+    from hpo.trial import command_objective
+
+    (tmp_path / "rank.py").write_text(OTHER_RANK_SCRIPT)
+    document = _own_study(tmp_path, "other-rank", {"command": ["{python}", "rank.py", "{trial_dir}"]})
+    spec = load_study(write_study(tmp_path / "study.yaml", document))
+    folder = trial_dir(spec, 0)
+    folder.mkdir(parents=True)
+    (folder / command_objective.STOP_FILE).write_text(command_objective.TOLD if told else "")
+
+    result = command_objective.CommandObjective()(spec, 0, {"x": 1.0}, reporter=None)
+
+    assert result.pruned
+    # Told, it finished on its own within the grace (10 s); otherwise it was stopped at once.
+    assert (folder / "stopped-by-itself").exists() == told
+
+
 FUNCTION_MODULE = r"""
 def objective(params, trial):
     for step in range(1, 5):
